@@ -1,0 +1,37 @@
+"""ASGI entry point: /v1 to the gateway, websockets to consumers, everything else to Django."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nexus.settings")
+django_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from nexus.routing import websocket_urlpatterns  # noqa: E402
+from pools.gateway.app import Gateway  # noqa: E402
+
+gateway = Gateway()
+
+
+async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
+    """Send /v1 to the gateway without touching Django's request machinery."""
+    if scope["path"].startswith("/v1/"):
+        await gateway(scope, receive, send)
+    else:
+        await django_app(scope, receive, send)
+
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_router,
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)

@@ -1,0 +1,51 @@
+"""Client-token authentication for the admin API, and its permission policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AnonymousUser
+from rest_framework import authentication, exceptions, permissions
+from rest_framework.request import Request
+
+from nexus.models import ApiToken, hash_token
+
+
+def bearer_secret(header: str) -> str | None:
+    """Return the token in an `Authorization: Bearer <token>` header value."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+class ApiTokenAuthentication(authentication.BaseAuthentication):
+    """Authenticate API calls by a client token; the user is whoever created it."""
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
+        secret = bearer_secret(request.headers.get("Authorization", ""))
+        if secret is None:
+            return None
+        token = (
+            ApiToken.objects.select_related("created_by")
+            .filter(token_hash=hash_token(secret))
+            .first()
+        )
+        if token is None or token.is_revoked:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        if token.is_expired:
+            raise exceptions.AuthenticationFailed("Token expired.")
+        return (token.created_by or AnonymousUser(), token)
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"
+
+
+class StaffWritesAuthenticatedReads(permissions.BasePermission):
+    """Any signed-in user or token may read; only staff may change anything."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        if request.method in permissions.SAFE_METHODS:
+            return bool(request.auth is not None or (user and user.is_authenticated))
+        return bool(user and user.is_authenticated and user.is_staff)

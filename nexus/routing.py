@@ -1,0 +1,7 @@
+"""Websocket routes of every app, gathered for the ASGI router."""
+
+from __future__ import annotations
+
+from pools.routing import websocket_urlpatterns as pools_websockets
+
+websocket_urlpatterns = [*pools_websockets]

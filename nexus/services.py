@@ -1,0 +1,57 @@
+"""Operations on shared state: Redis connection, worker heartbeat, health report."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+HEARTBEAT_TTL_S = 30
+
+
+@functools.cache
+def redis_client() -> redis.Redis:
+    """Return the process's Redis client (the bundled server or REDIS_URL)."""
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _key(name: str) -> str:
+    return f"{settings.NEXUS_REDIS_PREFIX}:{name}"
+
+
+def record_worker_heartbeat() -> None:
+    redis_client().set(_key("worker:heartbeat"), str(time.time()), ex=HEARTBEAT_TTL_S)
+
+
+def health_report() -> tuple[bool, dict[str, Any]]:
+    """Return whether Nexus can serve, and the state of the database, Redis and workers."""
+    report: dict[str, Any] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        report["database"] = {"status": "ok", "engine": connection.vendor}
+    except Exception as exc:
+        report["database"] = {"status": "error", "error": type(exc).__name__}
+    worker: dict[str, Any]
+    try:
+        client = redis_client()
+        client.ping()
+        report["redis"] = {"status": "ok", "bundled": settings.NEXUS_BUNDLED_REDIS}
+        beat = client.get(_key("worker:heartbeat"))
+        if beat is None:
+            worker = {"status": "missing", "detail": f"no heartbeat in {HEARTBEAT_TTL_S} s"}
+        else:
+            worker = {"status": "ok", "last_heartbeat_age_s": round(time.time() - float(beat), 1)}
+    except redis.RedisError as exc:
+        report["redis"] = {"status": "error", "error": type(exc).__name__}
+        worker = {"status": "unknown", "detail": "Redis is unreachable"}
+    report["worker"] = worker
+    healthy = report["database"]["status"] == "ok" and report["redis"]["status"] == "ok"
+    report["status"] = (
+        "ok" if healthy and worker["status"] == "ok" else ("degraded" if healthy else "error")
+    )
+    return healthy, report

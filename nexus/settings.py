@@ -1,0 +1,186 @@
+"""Nexus settings: every value comes from the environment, with an embedded default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from nexus.env import (
+    bundled_redis_socket,
+    data_dir,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    persistent_secret,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = data_dir()
+
+SECRET_KEY = env_str("NEXUS_SECRET_KEY", "") or persistent_secret(DATA_DIR / "secret_key")
+DEBUG = env_bool("NEXUS_DEBUG", False)
+NEXUS_HOST = env_str("NEXUS_HOST", "127.0.0.1")
+NEXUS_PORT = env_int("NEXUS_PORT", 8000, minimum=1)
+ALLOWED_HOSTS = env_list("NEXUS_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", NEXUS_HOST])
+CSRF_TRUSTED_ORIGINS = env_list("NEXUS_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "template_partials",
+    "channels",
+    "nexus",
+    "nodes",
+    "pools",
+    "deployments",
+    "serving",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "nexus.urls"
+ASGI_APPLICATION = "nexus.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'nexus.sqlite3'}"),
+        conn_max_age=env_int("NEXUS_DB_CONN_MAX_AGE", 0, minimum=0),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, not memory, so that live servers started by the tests share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "pools:list"
+LOGOUT_REDIRECT_URL = "login"
+
+# Redis: the bundled server on a Unix socket under the data dir unless REDIS_URL is set.
+REDIS_URL = env_str("REDIS_URL", "")
+NEXUS_BUNDLED_REDIS = REDIS_URL == ""
+if NEXUS_BUNDLED_REDIS:
+    REDIS_URL = f"unix://{bundled_redis_socket(DATA_DIR)}"
+NEXUS_REDIS_PREFIX = env_str("NEXUS_REDIS_PREFIX", "nexus")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{NEXUS_REDIS_PREFIX}:channels"},
+    }
+}
+
+# Celery speaks redis+socket:// for Unix sockets where redis-py says unix://.
+CELERY_BROKER_URL = REDIS_URL.replace("unix://", "redis+socket://", 1)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_DEFAULT_QUEUE = f"{NEXUS_REDIS_PREFIX}"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# The one beat schedule table: every row expires just before its next run.
+CELERY_BEAT_SCHEDULE = {
+    "worker-heartbeat": {
+        "task": "nexus.tasks.heartbeat",
+        "schedule": 10.0,
+        "options": {"expires": 9.0},
+    },
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "nexus.auth.ApiTokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["nexus.auth.StaffWritesAuthenticatedReads"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Nexus API",
+    "DESCRIPTION": "Administer pools, targets and client tokens.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# The gateway (hot path): body bound, upstream timeouts, snapshot refresh.
+NEXUS_MAX_BODY_BYTES = env_int("NEXUS_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
+NEXUS_UPSTREAM_CONNECT_TIMEOUT_S = env_int("NEXUS_UPSTREAM_CONNECT_TIMEOUT_S", 5, minimum=1)
+NEXUS_UPSTREAM_READ_TIMEOUT_S = env_int("NEXUS_UPSTREAM_READ_TIMEOUT_S", 600, minimum=1)
+NEXUS_UPSTREAM_MAX_CONNECTIONS = env_int("NEXUS_UPSTREAM_MAX_CONNECTIONS", 1000, minimum=1)
+NEXUS_ENCRYPTION_KEY = env_str("NEXUS_ENCRYPTION_KEY", "")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("NEXUS_LOG_LEVEL", "INFO")},
+    "loggers": {
+        # daphne logs every request at INFO: too loud for the hot path.
+        "django.channels.server": {"level": "WARNING"},
+        # httpx logs each upstream request at INFO: a log line per request on the hot path.
+        "httpx": {"level": "WARNING"},
+    },
+}

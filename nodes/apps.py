@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class NodesConfig(AppConfig):
+    """Nexus agents and compatible endpoints that lend their models (the fleet)."""
+
+    name = "nodes"

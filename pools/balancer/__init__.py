@@ -1,0 +1,1 @@
+"""The balancer core: pure functions over snapshots; no Django, Redis or httpx imports."""

@@ -1,0 +1,1 @@
+"""The gateway: the ASGI proxy for /v1, the product's hot path."""

@@ -1,0 +1,138 @@
+"""Errors the gateway answers with, in the OpenAI error shape."""
+
+from __future__ import annotations
+
+import json
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses or cannot complete, with its HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.error_type = error_type
+        self.param = param
+        self.headers = headers
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.error_type, self.code, self.param)
+
+
+def error_body(message: str, error_type: str, code: str, param: str | None = None) -> bytes:
+    """Return an OpenAI-shaped error document."""
+    document = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return json.dumps(document).encode()
+
+
+def missing_token() -> GatewayError:
+    return GatewayError(
+        401,
+        "Missing client token: send 'Authorization: Bearer <token>'.",
+        code="invalid_api_key",
+        headers=((b"www-authenticate", b"Bearer"),),
+    )
+
+
+def invalid_token() -> GatewayError:
+    return GatewayError(
+        401,
+        "Invalid client token.",
+        code="invalid_api_key",
+        headers=((b"www-authenticate", b"Bearer"),),
+    )
+
+
+def expired_token() -> GatewayError:
+    return GatewayError(
+        401,
+        "This client token has expired.",
+        code="token_expired",
+        headers=((b"www-authenticate", b"Bearer"),),
+    )
+
+
+def pool_forbidden(model: str) -> GatewayError:
+    return GatewayError(
+        403,
+        f"This client token may not use '{model}'.",
+        code="pool_not_allowed",
+        error_type="permission_error",
+        param="model",
+    )
+
+
+def model_not_found(model: str) -> GatewayError:
+    return GatewayError(
+        404,
+        f"The model '{model}' does not exist. Use '@pool/<slug>' with a pool's slug;"
+        " GET /v1/models lists the ones this token may use.",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def invalid_json(reason: str) -> GatewayError:
+    return GatewayError(400, f"The request body is not valid JSON: {reason}.", code="invalid_json")
+
+
+def invalid_body(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, message, code="invalid_request", param=param)
+
+
+def missing_model() -> GatewayError:
+    return GatewayError(
+        400, "The request has no 'model': send '@pool/<slug>'.", code="missing_model", param="model"
+    )
+
+
+def body_too_large(limit: int) -> GatewayError:
+    return GatewayError(
+        413, f"The request body exceeds the limit of {limit} bytes.", code="request_too_large"
+    )
+
+
+def no_target(slug: str, kind: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"Pool '{slug}' has no enabled target that serves {kind} requests.",
+        code="no_target_available",
+        error_type="server_error",
+    )
+
+
+def target_unreachable(target: str) -> GatewayError:
+    return GatewayError(
+        502,
+        f"Target '{target}' could not be reached.",
+        code="target_unreachable",
+        error_type="server_error",
+    )
+
+
+def target_timeout(target: str) -> GatewayError:
+    return GatewayError(
+        504,
+        f"Target '{target}' did not answer in time.",
+        code="target_timeout",
+        error_type="server_error",
+    )
+
+
+def unknown_route(method: str, path: str) -> GatewayError:
+    return GatewayError(404, f"Unknown route: {method} {path}.", code="unknown_url")
+
+
+def method_not_allowed(method: str, path: str) -> GatewayError:
+    return GatewayError(405, f"{method} is not allowed on {path}.", code="method_not_allowed")

@@ -1,0 +1,95 @@
+"""The gateway's in-memory view of pools, targets and tokens, rebuilt on configuration changes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nexus.models import ApiToken, ConfigVersion
+from pools.models import Pool, Target
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEntry:
+    id: int
+    name: str
+    all_pools: bool
+    pools: frozenset[str]
+    expires_at: float | None  # epoch seconds
+
+    def may_use(self, slug: str) -> bool:
+        return self.all_pools or slug in self.pools
+
+
+@dataclass(frozen=True, slots=True)
+class TargetEntry:
+    id: int
+    name: str
+    base_url: str
+    model_id: str
+    kinds: frozenset[str]
+    authorization: str | None  # the full header value, e.g. "Bearer sk-..."
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEntry:
+    id: int
+    slug: str
+    name: str
+    created: int
+    targets: tuple[TargetEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    version: int
+    tokens: dict[str, TokenEntry]  # by token hash
+    pools: dict[str, PoolEntry]  # by slug
+
+
+EMPTY = Snapshot(version=-1, tokens={}, pools={})
+
+
+def _target_entry(target: Target) -> TargetEntry:
+    credential = target.get_credential()
+    return TargetEntry(
+        id=target.pk,
+        name=target.name,
+        base_url=target.base_url.rstrip("/"),
+        model_id=target.model_id,
+        kinds=frozenset(target.kinds),
+        authorization=f"Bearer {credential}" if credential else None,
+    )
+
+
+def load_snapshot() -> Snapshot:
+    """Read the configuration the gateway routes by (a handful of queries, off the hot path)."""
+    version = ConfigVersion.current()
+    tokens = {
+        token.token_hash: TokenEntry(
+            id=token.pk,
+            name=token.name,
+            all_pools=token.all_pools,
+            pools=frozenset(token.pools),
+            expires_at=token.expires_at.timestamp() if token.expires_at else None,
+        )
+        for token in ApiToken.objects.filter(revoked_at__isnull=True)
+    }
+    pools: dict[str, PoolEntry] = {}
+    for pool in Pool.objects.prefetch_related("targets"):
+        targets = tuple(
+            _target_entry(target)
+            for target in sorted(pool.targets.all(), key=lambda t: (t.priority, t.position, t.pk))
+            if target.enabled
+        )
+        pools[pool.slug] = PoolEntry(
+            id=pool.pk,
+            slug=pool.slug,
+            name=pool.name,
+            created=int(pool.created_at.timestamp()),
+            targets=targets,
+        )
+    return Snapshot(version=version, tokens=tokens, pools=pools)
+
+
+def current_version() -> int:
+    return ConfigVersion.current()

@@ -1,0 +1,135 @@
+"""Pools of inference targets that apps call as one model name, `@pool/<slug>`."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from nexus import crypto
+
+POOL_MODEL_PREFIX = "@pool/"
+
+
+class CompatibilityMode(models.TextChoices):
+    EXACT_REPLICAS = "exact_replicas", "Exact replicas"
+    EQUIVALENT_GENERATION = "equivalent_generation", "Equivalent generation"
+
+
+class Strategy(models.TextChoices):
+    SMART = "smart", "Smart"
+    PRIORITY = "priority", "Priority"
+    CAPACITY = "capacity", "Capacity"
+    LEAST_BUSY = "least_busy", "Least busy"
+    ROUND_ROBIN = "round_robin", "Round robin"
+
+
+class RequestKind(models.TextChoices):
+    CHAT = "chat", "Chat completions"
+    COMPLETIONS = "completions", "Completions"
+    EMBEDDINGS = "embeddings", "Embeddings"
+
+
+def all_request_kinds() -> list[str]:
+    return [kind.value for kind in RequestKind]
+
+
+class Pool(models.Model):
+    """A stable model address backed by compatible targets."""
+
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=64, unique=True, help_text="Fixed once created.")
+    description = models.TextField(blank=True)
+    compatibility_mode = models.CharField(
+        max_length=32, choices=CompatibilityMode.choices, default=CompatibilityMode.EXACT_REPLICAS
+    )
+    strategy = models.CharField(max_length=16, choices=Strategy.choices, default=Strategy.SMART)
+    max_queue = models.PositiveIntegerField(default=100, help_text="Requests that may wait.")
+    max_queue_wait_s = models.FloatField(
+        default=30.0, validators=[MinValueValidator(0.0)], help_text="Longest wait in the queue."
+    )
+    max_attempts = models.PositiveSmallIntegerField(
+        default=2,
+        validators=[MinValueValidator(1), MaxValueValidator(5)],
+        help_text="Attempts per request, the first included; retries only before output.",
+    )
+    continuity_enabled = models.BooleanField(default=True)
+    continuity_threshold = models.FloatField(
+        default=0.25,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="How much busier (utilization) the sticky target may be than the best one.",
+    )
+    history_retention_days = models.PositiveIntegerField(default=14)
+    history_max_rows = models.PositiveIntegerField(default=100_000)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def model_name(self) -> str:
+        """Return the name apps put in `model`."""
+        return f"{POOL_MODEL_PREFIX}{self.slug}"
+
+    def clean(self) -> None:
+        if self.pk:
+            stored = Pool.objects.filter(pk=self.pk).values_list("slug", flat=True).first()
+            if stored is not None and stored != self.slug:
+                raise ValidationError({"slug": "A pool's slug cannot change: apps call it."})
+
+
+class Target(models.Model):
+    """One model endpoint in a pool, with its own capacity, priority and credential."""
+
+    pool = models.ForeignKey(Pool, related_name="targets", on_delete=models.CASCADE)
+    name = models.CharField(max_length=100)
+    base_url = models.URLField(
+        max_length=500, help_text="OpenAI-compatible base URL, e.g. http://10.0.0.5:8000/v1"
+    )
+    model_id = models.CharField(max_length=200, help_text="The model name the target serves.")
+    priority = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1)], help_text="1 is primary."
+    )
+    capacity_weight = models.PositiveIntegerField(
+        default=4,
+        validators=[MinValueValidator(1)],
+        help_text="Concurrent requests, and the share within its priority tier.",
+    )
+    kinds = models.JSONField(default=all_request_kinds, help_text="Request kinds served.")
+    credential_encrypted = models.TextField(blank=True, editable=False)
+    enabled = models.BooleanField(default=True)
+    position = models.PositiveIntegerField(default=0, help_text="Order for round robin.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pool", "priority", "position", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "name"], name="target_name_unique_in_pool")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool.slug}/{self.name}"
+
+    @property
+    def has_credential(self) -> bool:
+        return bool(self.credential_encrypted)
+
+    def set_credential(self, credential: str) -> None:
+        """Store the target's API key encrypted; an empty string removes it."""
+        self.credential_encrypted = crypto.encrypt(credential) if credential else ""
+
+    def get_credential(self) -> str:
+        """Return the decrypted API key, or an empty string."""
+        return crypto.decrypt(self.credential_encrypted) if self.credential_encrypted else ""
+
+    def clean(self) -> None:
+        unknown = set(self.kinds or []) - set(all_request_kinds())
+        if unknown or not self.kinds:
+            raise ValidationError(
+                {"kinds": f"Choose from {', '.join(all_request_kinds())}; got {self.kinds!r}."}
+            )

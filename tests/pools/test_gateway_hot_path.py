@@ -1,0 +1,89 @@
+"""The gateway's hot path: no database query per request once its snapshot is loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from nexus import upstream
+from nexus.models import ApiToken
+from pools.gateway.app import Gateway
+from pools.gateway.registry import Registry
+from pools.models import Pool, Target
+from tests.support.simulator import Simulator, running_simulator
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Simulator]:
+    with running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=0) as sim:
+        yield sim
+
+
+async def call(app: Gateway, path: str, body: dict[str, Any], token: str) -> list[dict]:
+    """Drive the ASGI app as a server would and return what it sent."""
+    raw = json.dumps(body).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [
+            (b"authorization", f"Bearer {token}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+        ],
+    }
+    incoming = [{"type": "http.request", "body": raw, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if incoming:
+            return incoming.pop(0)
+        await asyncio.Event().wait()  # a connected client: nothing more to say
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_it_answers_without_a_database_query_once_warm(
+    engine: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def configure() -> str:
+        pool = Pool.objects.create(name="Hot", slug="hot")
+        Target.objects.create(pool=pool, name="a", base_url=engine.base_url, model_id="demo-8b")
+        return ApiToken.issue("hot")[1]
+
+    token = await sync_to_async(configure)()
+    registry = Registry(refresh_interval_s=3600)
+    app = Gateway(registry)
+    body = {"model": "@pool/hot", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    await call(app, "/v1/chat/completions", body, token)  # loads the snapshot
+
+    cursors: list[str] = []
+    real_cursor = BaseDatabaseWrapper.cursor
+
+    def counting_cursor(self: BaseDatabaseWrapper) -> Any:
+        cursors.append(self.alias)
+        return real_cursor(self)
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "cursor", counting_cursor)
+    statuses = []
+    for _ in range(20):
+        sent = await call(app, "/v1/chat/completions", body, token)
+        statuses.append(sent[0]["status"])
+    monkeypatch.undo()
+    await registry.aclose()
+    await upstream.close_client()
+
+    assert statuses == [200] * 20
+    assert cursors == []

@@ -1,0 +1,121 @@
+"""A real Nexus server process (daphne) on a free loopback port, sharing the test database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+from django.conf import settings
+from django.db import connection
+
+from tests.support.simulator import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def test_database_url() -> str:
+    """Return a DATABASE_URL naming the test database pytest-django created."""
+    db = connection.settings_dict
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] or ""
+    if db["PASSWORD"]:
+        auth += f":{db['PASSWORD']}"
+    host = db["HOST"] or "127.0.0.1"
+    port = db["PORT"] or 5432
+    return f"postgres://{auth}@{host}:{port}/{db['NAME']}"
+
+
+def server_environment(**extra: str) -> dict[str, str]:
+    """Return the environment for a Nexus process that sees what the tests see."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="nexus.settings",
+        DATABASE_URL=test_database_url(),
+        REDIS_URL=settings.REDIS_URL,
+        NEXUS_DATA_DIR=str(settings.DATA_DIR),
+        NEXUS_SECRET_KEY=settings.SECRET_KEY,
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class LiveServer:
+    """A running Nexus server."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextmanager
+def running_nexus(tmp_dir: Path, **extra_env: str) -> Iterator[LiveServer]:
+    """Run daphne with Nexus's ASGI app until the block ends."""
+    port = free_port()
+    log_path = tmp_dir / f"daphne-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+             "nexus.asgi:application"],
+            cwd=REPO_ROOT,
+            env=server_environment(**extra_env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    server = LiveServer(port=port, process=process, log_path=log_path)
+    try:
+        wait_until(lambda: _answers(server), timeout_s=30, what=lambda: server.log())
+        yield server
+    finally:
+        server.stop()
+
+
+def _answers(server: LiveServer) -> bool:
+    if server.process.poll() is not None:
+        raise RuntimeError(f"daphne exited with {server.process.returncode}:\n{server.log()}")
+    try:
+        return httpx.get(f"{server.url}/healthz", timeout=2).status_code in (200, 503)
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(
+    probe: Callable[[], T], *, timeout_s: float = 10.0, what: Callable[[], str] | str = ""
+) -> T:
+    """Return probe()'s first truthy result, polling for at most timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            detail = what() if callable(what) else what
+            raise TimeoutError(f"condition not met in {timeout_s} s. {detail}")
+        time.sleep(0.05)
