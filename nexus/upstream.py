@@ -3,15 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from django.conf import settings
 from httpx_aiohttp import AiohttpTransport
 
-_clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+
+@dataclass
+class Upstream:
+    """A pooled httpx client over the aiohttp transport, and that transport for the gateway."""
+
+    transport: AiohttpTransport
+    client: httpx.AsyncClient
+    timeout: dict[str, Any] = field(default_factory=dict)  # as httpx.Request extensions want it
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """Send a proxied request as is, streaming the response.
+
+        A proxy applies none of the client's cookie jar (cookies from one caller's answer must
+        not reach the next caller), redirects or auth; skipping them also saves a third of
+        httpx's cost per request.
+        """
+        request.extensions["timeout"] = self.timeout
+        return await self.transport.handle_async_request(request)
 
 
-def _build() -> httpx.AsyncClient:
+_by_loop: dict[asyncio.AbstractEventLoop, Upstream] = {}
+
+
+def _build() -> Upstream:
     limits = httpx.Limits(
         max_connections=settings.NEXUS_UPSTREAM_MAX_CONNECTIONS,
         max_keepalive_connections=settings.NEXUS_UPSTREAM_MAX_CONNECTIONS,
@@ -25,20 +47,21 @@ def _build() -> httpx.AsyncClient:
         write=60.0,
         pool=settings.NEXUS_UPSTREAM_CONNECT_TIMEOUT_S,
     )
-    return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
+    client = httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
+    return Upstream(transport=transport, client=client, timeout=timeout.as_dict())
 
 
-def client() -> httpx.AsyncClient:
-    """Return this event loop's pooled client (one per process in a server)."""
+def get() -> Upstream:
+    """Return this event loop's upstream (one per process in a server)."""
     loop = asyncio.get_running_loop()
-    found = _clients.get(loop)
+    found = _by_loop.get(loop)
     if found is None:
-        found = _clients[loop] = _build()
+        found = _by_loop[loop] = _build()
     return found
 
 
-async def close_client() -> None:
+async def close() -> None:
     """Close this event loop's client, if it has one (at shutdown, and between tests)."""
-    found = _clients.pop(asyncio.get_running_loop(), None)
+    found = _by_loop.pop(asyncio.get_running_loop(), None)
     if found is not None:
-        await found.aclose()
+        await found.client.aclose()

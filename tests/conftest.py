@@ -1,16 +1,20 @@
-"""Suite-wide setup: the bundled Redis when REDIS_URL is unset."""
+"""Suite-wide setup: the bundled Redis when REDIS_URL is unset, and a committed test database."""
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from nexus import embedded_redis
 from nexus.env import bundled_redis_socket
 
 _bundled_redis: subprocess.Popen[bytes] | None = None
+# The configured (non-test) database; a connection still naming it has no test database yet.
+_CONFIGURED_DB_NAME = settings.DATABASES["default"]["NAME"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,3 +26,22 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _bundled_redis is not None:
         embedded_redis.stop(_bundled_redis)
+
+
+@pytest.fixture(scope="session")
+def committed_db(django_db_setup: None, django_db_blocker) -> Iterator[None]:
+    """The test database for data that real server processes must see, so it is committed.
+
+    pytest-django creates test databases only when some collected test asks for `db`; tests
+    that talk to a live server through its processes do not, so create it here if needed.
+    """
+    from django.test.utils import setup_databases, teardown_databases
+
+    created = None
+    if connection.settings_dict["NAME"] == _CONFIGURED_DB_NAME:
+        with django_db_blocker.unblock():
+            created = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    yield
+    if created is not None:
+        with django_db_blocker.unblock():
+            teardown_databases(created, verbosity=0)

@@ -31,18 +31,19 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-# Client path -> (request kind, path below the target's base URL).
-ROUTES: dict[str, tuple[str, str]] = {
-    "/v1/chat/completions": ("chat", "/chat/completions"),
-    "/v1/completions": ("completions", "/completions"),
-    "/v1/embeddings": ("embeddings", "/embeddings"),
+# Client path -> request kind.
+ROUTES: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
 }
 JSON_HEADERS = [(b"content-type", b"application/json")]
 # Upstream response headers worth relaying; hop-by-hop ones (transfer-encoding...) are not.
 RELAYED_HEADERS = frozenset(
     {b"content-type", b"content-length", b"content-encoding", b"cache-control", b"retry-after"}
 )
-SSE_TYPE = b"text/event-stream"
+# A non-streaming answer up to this size is sent to the client in one piece.
+WHOLE_BODY_MAX_BYTES = 1024 * 1024
 
 
 class ClientGone(Exception):
@@ -76,19 +77,18 @@ class Gateway:
             token = self._authenticate(scope, snapshot)
             await self._respond_json(send, 200, self._model_list(snapshot, token), request_id)
             return
-        route = ROUTES.get(path)
-        if route is None:
+        kind = ROUTES.get(path)
+        if kind is None:
             raise errors.unknown_route(method, path)
         if method != "POST":
             raise errors.method_not_allowed(method, path)
         snapshot = await self.registry.ready()
         token = self._authenticate(scope, snapshot)
         payload = self._parse(await self._read_body(scope, receive))
-        kind, suffix = route
         pool = self._pool_for(payload, token, snapshot)
         target = self._choose(pool, kind)
         payload["model"] = target.model_id
-        await self._relay(scope, receive, send, request_id, target, suffix, payload)
+        await self._relay(receive, send, request_id, target, kind, payload)
 
     def _authenticate(self, scope: Scope, snapshot: Snapshot) -> TokenEntry:
         header = b""
@@ -163,12 +163,11 @@ class Gateway:
 
     async def _relay(
         self,
-        scope: Scope,
         receive: Receive,
         send: Send,
         request_id: str,
         target: TargetEntry,
-        suffix: str,
+        kind: str,
         payload: dict[str, Any],
     ) -> None:
         """Forward to the target; a client disconnect cancels the upstream request at once."""
@@ -185,7 +184,7 @@ class Gateway:
 
         watcher = asyncio.create_task(watch_disconnect())
         try:
-            await self._forward(send, request_id, target, suffix, payload)
+            await self._forward(send, request_id, target, kind, payload)
         except asyncio.CancelledError:
             if not disconnected:
                 raise
@@ -198,49 +197,56 @@ class Gateway:
         send: Send,
         request_id: str,
         target: TargetEntry,
-        suffix: str,
+        kind: str,
         payload: dict[str, Any],
     ) -> None:
-        client = upstream.client()
-        headers = {"content-type": "application/json", "accept": "*/*"}
+        headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
         # The client's own Authorization never travels on; the target's credential does.
         if target.authorization is not None:
-            headers["authorization"] = target.authorization
-        request = client.build_request(
-            "POST", target.base_url + suffix, content=json.dumps(payload).encode(), headers=headers
+            headers.append((b"authorization", target.authorization.encode()))
+        request = httpx.Request(
+            "POST", target.urls[kind], headers=headers, content=json.dumps(payload).encode()
         )
         try:
-            response = await client.send(request, stream=True)
+            response = await upstream.get().send(request)
         except httpx.HTTPError as exc:
             raise _upstream_failure(exc, target) from None
         try:
-            response_headers = [
-                (name, value)
-                for name, value in response.headers.raw
-                if name.lower() in RELAYED_HEADERS
-            ]
-            response_headers.append((b"x-nexus-request-id", request_id.encode()))
-            response_headers.append((b"x-nexus-target", target.name.encode()))
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": response_headers,
-                }
-            )
-            is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
-            try:
-                async for chunk in response.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as exc:
-                # Output already reached the client: no retry; end the stream with an error.
-                if is_sse:
-                    failure = _upstream_failure(exc, target)
-                    event = b"data: " + _stream_error(target, failure) + b"\n\n"
-                    await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._relay_response(send, request_id, target, response)
         finally:
             await response.aclose()
+
+    async def _relay_response(
+        self, send: Send, request_id: str, target: TargetEntry, response: httpx.Response
+    ) -> None:
+        headers = [
+            (name, value) for name, value in response.headers.raw if name.lower() in RELAYED_HEADERS
+        ]
+        headers.append((b"x-nexus-request-id", request_id.encode()))
+        headers.append((b"x-nexus-target", target.name.encode()))
+        start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        length = response.headers.get("content-length", "")
+        if not is_sse and length.isdigit() and int(length) <= WHOLE_BODY_MAX_BYTES:
+            # One JSON document: read it and answer in one piece (fewer writes, same latency).
+            try:
+                body = await response.aread()
+            except httpx.HTTPError as exc:
+                raise _upstream_failure(exc, target) from None
+            await send(start)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        await send(start)
+        try:
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            # Output already reached the client: no retry; end the stream with an error.
+            if is_sse:
+                failure = _upstream_failure(exc, target)
+                event = b"data: " + _stream_error(target, failure) + b"\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _model_list(self, snapshot: Snapshot, token: TokenEntry) -> dict[str, Any]:
         return {

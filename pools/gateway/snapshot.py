@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import httpx
+
 from nexus.models import ApiToken, ConfigVersion
 from pools.models import Pool, Target
 
@@ -28,6 +30,7 @@ class TargetEntry:
     model_id: str
     kinds: frozenset[str]
     authorization: str | None  # the full header value, e.g. "Bearer sk-..."
+    urls: dict[str, httpx.URL]  # by request kind, parsed once per snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +52,25 @@ class Snapshot:
 EMPTY = Snapshot(version=-1, tokens={}, pools={})
 
 
+# Request kind -> path below a target's OpenAI-compatible base URL.
+KIND_PATHS = {
+    "chat": "/chat/completions",
+    "completions": "/completions",
+    "embeddings": "/embeddings",
+}
+
+
 def _target_entry(target: Target) -> TargetEntry:
     credential = target.get_credential()
+    base_url = target.base_url.rstrip("/")
     return TargetEntry(
         id=target.pk,
         name=target.name,
-        base_url=target.base_url.rstrip("/"),
+        base_url=base_url,
         model_id=target.model_id,
         kinds=frozenset(target.kinds),
         authorization=f"Bearer {credential}" if credential else None,
+        urls={kind: httpx.URL(base_url + path) for kind, path in KIND_PATHS.items()},
     )
 
 

@@ -28,6 +28,7 @@ class World:
     fast: Simulator
     slow: Simulator
     flaky: Simulator
+    locked: Simulator
     token: str
     scoped_token: str
     expired_token: str
@@ -57,11 +58,12 @@ def _target(pool: Pool, name: str, sim: Simulator, **fields: object) -> Target:
 
 
 @pytest.fixture(scope="module")
-def world(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[World]:
+def world(committed_db, django_db_blocker, tmp_path_factory) -> Iterator[World]:
     with (
         running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=1) as fast,
         running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=40) as slow,
         running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=1) as flaky,
+        running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=0, api_key="sk-engine") as locked,
     ):
         with django_db_blocker.unblock():
             demo = Pool.objects.create(name="Demo", slug="demo")
@@ -74,6 +76,12 @@ def world(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Worl
             _target(slow_pool, "slow", slow)
             flaky_pool = Pool.objects.create(name="Flaky", slug="flaky")
             _target(flaky_pool, "flaky", flaky)
+            keyed = Pool.objects.create(name="Keyed", slug="keyed")
+            keyed_target = Target(
+                pool=keyed, name="locked", base_url=locked.base_url, model_id="demo-8b"
+            )
+            keyed_target.set_credential("sk-engine")
+            keyed_target.save()
             dead = Pool.objects.create(name="Dead", slug="dead")
             Target.objects.create(
                 pool=dead, name="gone", base_url=f"http://127.0.0.1:{free_port()}/v1",
@@ -87,7 +95,7 @@ def world(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Worl
         tmp = tmp_path_factory.mktemp("gateway")
         try:
             with running_nexus(tmp) as nexus:
-                yield World(nexus, fast, slow, flaky, token, scoped, expired, revoked)
+                yield World(nexus, fast, slow, flaky, locked, token, scoped, expired, revoked)
         finally:
             with django_db_blocker.unblock():
                 Pool.objects.all().delete()
@@ -176,9 +184,21 @@ def test_it_lists_the_pools_each_token_may_use(world: World) -> None:
     scoped = [model.id for model in world.sdk(world.scoped_token).models.list()]
 
     assert everything == [
-        "@pool/dead", "@pool/demo", "@pool/empty", "@pool/flaky", "@pool/other", "@pool/slow"
+        "@pool/dead", "@pool/demo", "@pool/empty", "@pool/flaky", "@pool/keyed", "@pool/other",
+        "@pool/slow",
     ]  # fmt: skip
     assert scoped == ["@pool/demo"]
+
+
+def test_it_replaces_the_client_token_with_the_target_credential(world: World) -> None:
+    # The engine accepts only its own key: the answer proves the key was sent in place of
+    # the client's token, which the engine would refuse.
+    answer = world.sdk().chat.completions.create(
+        model="@pool/keyed", messages=[{"role": "user", "content": "x"}], max_tokens=1
+    )
+
+    assert answer.choices[0].message.content
+    assert world.locked.stats()["requests_total"] == 1
 
 
 def _error(exc: openai.APIStatusError) -> dict[str, object]:

@@ -83,7 +83,7 @@ async def test_it_answers_without_a_database_query_once_warm(
         statuses.append(sent[0]["status"])
     monkeypatch.undo()
     await registry.aclose()
-    await upstream.close_client()
+    await upstream.close()
 
     assert statuses == [200] * 20
     assert cursors == []
