@@ -19,12 +19,12 @@ def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
-def _key(name: str) -> str:
-    return f"{settings.NEXUS_REDIS_PREFIX}:{name}"
+def heartbeat_key() -> str:
+    return f"{settings.NEXUS_REDIS_PREFIX}:worker:heartbeat"
 
 
 def record_worker_heartbeat() -> None:
-    redis_client().set(_key("worker:heartbeat"), str(time.time()), ex=HEARTBEAT_TTL_S)
+    redis_client().set(heartbeat_key(), str(time.time()), ex=HEARTBEAT_TTL_S)
 
 
 def health_report() -> tuple[bool, dict[str, Any]]:
@@ -41,7 +41,7 @@ def health_report() -> tuple[bool, dict[str, Any]]:
         client = redis_client()
         client.ping()
         report["redis"] = {"status": "ok", "bundled": settings.NEXUS_BUNDLED_REDIS}
-        beat = client.get(_key("worker:heartbeat"))
+        beat = client.get(heartbeat_key())
         if beat is None:
             worker = {"status": "missing", "detail": f"no heartbeat in {HEARTBEAT_TTL_S} s"}
         else:
