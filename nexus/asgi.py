@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nexus.settings")
-django_app = get_asgi_application()
+# Nexus serves its own static files (one command, no separate web server); only /static/ paths
+# take this detour.
+django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

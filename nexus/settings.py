@@ -107,6 +107,9 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
 
+# Messages on the server: the admin shows a new token's secret once through a message.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "pools:list"
 LOGOUT_REDIRECT_URL = "login"
@@ -121,7 +124,11 @@ NEXUS_REDIS_PREFIX = env_str("NEXUS_REDIS_PREFIX", "nexus")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{NEXUS_REDIS_PREFIX}:channels"},
+        "CONFIG": {
+            # Bounded, so that an unreachable Redis cannot stall a save that pushes to pages.
+            "hosts": [{"address": REDIS_URL, "socket_connect_timeout": 2, "socket_timeout": 2}],
+            "prefix": f"{NEXUS_REDIS_PREFIX}:channels",
+        },
     }
 }
 
@@ -144,9 +151,10 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 REST_FRAMEWORK = {
+    # Token first: its WWW-Authenticate header makes anonymous calls 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
         "nexus.auth.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["nexus.auth.StaffWritesAuthenticatedReads"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

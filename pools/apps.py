@@ -10,4 +10,7 @@ class PoolsConfig(AppConfig):
     verbose_name = "Smart Balancer"
 
     def ready(self) -> None:
-        from pools import signals  # noqa: F401  (announces changes to the gateway)
+        from nexus import scopes
+        from pools import services, signals  # noqa: F401  (signals announce changes)
+
+        scopes.provide_pool_slugs(services.pool_slugs)

@@ -1,11 +1,13 @@
-"""Announce pool and target changes so every gateway rebuilds its snapshot."""
+"""Announce pool and target changes to every gateway's snapshot and every open pools page."""
 
 from __future__ import annotations
 
+from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from nexus.models import ConfigVersion
+from pools import live
 from pools.models import Pool, Target
 
 
@@ -15,3 +17,12 @@ from pools.models import Pool, Target
 @receiver(post_delete, sender=Target)
 def announce_pool_change(sender: type, **kwargs: object) -> None:
     ConfigVersion.bump()
+
+
+@receiver(post_save, sender=Pool)
+@receiver(post_delete, sender=Pool)
+@receiver(post_save, sender=Target)
+@receiver(post_delete, sender=Target)
+def push_pools_to_pages(sender: type, **kwargs: object) -> None:
+    # After commit, so that pages never show a change that is then rolled back.
+    transaction.on_commit(live.pools_changed, robust=True)

@@ -1,0 +1,127 @@
+"""Django admin for client tokens (secrets shown once, on issue) and the configuration version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+
+from nexus import scopes
+from nexus.models import ApiToken, ConfigVersion
+
+
+class ApiTokenForm(forms.ModelForm):
+    pools = forms.MultipleChoiceField(
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Leave every pool unticked to let the token call all pools.",
+    )
+
+    class Meta:
+        model = ApiToken
+        fields = ["name", "pools", "expires_at"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        slugs = scopes.pool_slugs() | set(self.instance.pools)
+        self.fields["pools"].choices = [(slug, slug) for slug in sorted(slugs)]
+
+    def clean_expires_at(self) -> Any:
+        expires_at = self.cleaned_data["expires_at"]
+        if self.instance.pk is None and expires_at is not None and expires_at <= timezone.now():
+            raise forms.ValidationError("Choose a time in the future.")
+        return expires_at
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        pools = sorted(cleaned.get("pools") or [])
+        cleaned["pools"] = pools
+        self.instance.all_pools = not pools
+        return cleaned
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    form = ApiTokenForm
+    list_display = [
+        "name",
+        "prefix",
+        "scope",
+        "state",
+        "expires_at",
+        "last_used_at",
+        "created_by",
+        "created_at",
+    ]
+    list_filter = ["all_pools", ("revoked_at", admin.EmptyFieldListFilter), "expires_at"]
+    search_fields = ["name", "prefix"]
+    list_select_related = ["created_by"]
+    actions = ["revoke"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
+        if obj is None:
+            return []
+        return ["prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
+
+    @admin.display(description="Scope")
+    def scope(self, token: ApiToken) -> str:
+        return "all pools" if token.all_pools else ", ".join(token.pools)
+
+    @admin.display(description="State")
+    def state(self, token: ApiToken) -> str:
+        if token.is_revoked:
+            return "revoked"
+        return "expired" if token.is_expired else "active"
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        tokens = list(queryset.filter(revoked_at__isnull=True))
+        for token in tokens:
+            token.revoke()
+        self.message_user(request, f"Revoked {len(tokens)} token(s).", messages.SUCCESS)
+
+    def save_form(self, request: HttpRequest, form: forms.ModelForm, change: bool) -> ApiToken:
+        if change:
+            return super().save_form(request, form, change)
+        # Issue through the model so the secret is made and hashed in one place, then shown once.
+        token, secret = ApiToken.issue(
+            form.cleaned_data["name"],
+            pools=form.cleaned_data["pools"],
+            expires_at=form.cleaned_data["expires_at"],
+            created_by=request.user,
+        )
+        self.message_user(
+            request,
+            format_html(
+                "Copy the new token now, it will not be shown again: <code>{}</code>", secret
+            ),
+            messages.WARNING,
+        )
+        return token
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        if change:
+            super().save_related(request, form, formsets, change)
+
+
+@admin.register(ConfigVersion)
+class ConfigVersionAdmin(admin.ModelAdmin):
+    list_display = ["id", "version"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

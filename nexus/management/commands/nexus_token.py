@@ -1,0 +1,103 @@
+"""Issue, list and revoke client tokens from the shell; `create` prints only the secret."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from nexus import scopes
+from nexus.models import ApiToken
+
+
+def parse_expiry(value: str) -> datetime:
+    """Return the end of the given day (YYYY-MM-DD) in Nexus's time zone."""
+    try:
+        day = date.fromisoformat(value)
+    except ValueError:
+        raise CommandError(f"--expires {value!r} is not a date (YYYY-MM-DD).") from None
+    if day < timezone.localdate():
+        raise CommandError(f"--expires {value} is in the past.")
+    midnight = datetime.combine(day + timedelta(days=1), time.min)
+    return timezone.make_aware(midnight)
+
+
+def describe(token: ApiToken) -> tuple[str, ...]:
+    """Return the token's row in `list`: everything but the secret."""
+    return (
+        str(token.pk),
+        token.name,
+        token.prefix,
+        "all pools" if token.all_pools else ",".join(token.pools),
+        token.expires_at.isoformat(timespec="minutes") if token.expires_at else "never",
+        token.last_used_at.isoformat(timespec="minutes") if token.last_used_at else "-",
+        "revoked" if token.is_revoked else "expired" if token.is_expired else "active",
+    )
+
+
+class Command(BaseCommand):
+    help = "Issue, list and revoke client tokens."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True)
+        create = actions.add_parser("create", help="Issue a token and print only its secret.")
+        create.add_argument("--name", required=True)
+        create.add_argument(
+            "--pool",
+            dest="pools",
+            action="append",
+            default=[],
+            metavar="SLUG",
+            help="A pool the token may call (repeat for several); all pools when omitted.",
+        )
+        create.add_argument(
+            "--expires", metavar="YYYY-MM-DD", help="The last day the token works (inclusive)."
+        )
+        actions.add_parser("list", help="List tokens, without their secrets.")
+        revoke = actions.add_parser("revoke", help="Revoke a token.")
+        revoke.add_argument("token", metavar="PREFIX_OR_ID")
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        if action == "create":
+            self.create(options["name"], options["pools"], options["expires"])
+        elif action == "list":
+            self.list_tokens()
+        else:
+            self.revoke(options["token"])
+
+    def create(self, name: str, pools: list[str], expires: str | None) -> None:
+        """Issue a token and write only its secret, so that scripts can capture it."""
+        if unknown := scopes.unknown_pool_slugs(pools):
+            raise CommandError(f"No pool has the slug {', '.join(unknown)}.")
+        expires_at = parse_expiry(expires) if expires else None
+        _, secret = ApiToken.issue(name, pools=pools, expires_at=expires_at)
+        self.stdout.write(secret)
+
+    def list_tokens(self) -> None:
+        """Write a table of tokens: scope and state, never secrets."""
+        header = ("ID", "NAME", "PREFIX", "SCOPE", "EXPIRES", "LAST USED", "STATE")
+        rows = [header, *(describe(token) for token in ApiToken.objects.all())]
+        widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
+        for row in rows:
+            cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+            self.stdout.write("  ".join(cells).rstrip())
+
+    def revoke(self, key: str) -> None:
+        """Revoke the token with this id, or the one whose prefix starts with key."""
+        tokens = ApiToken.objects.all()
+        matches = list(
+            tokens.filter(pk=key) if key.isdigit() else tokens.filter(prefix__startswith=key)
+        )
+        if not matches:
+            raise CommandError(f"No token matches {key!r}.")
+        if len(matches) > 1:
+            prefixes = ", ".join(token.prefix for token in matches)
+            raise CommandError(f"{key!r} matches several tokens ({prefixes}); say more.")
+        token = matches[0]
+        if token.is_revoked:
+            self.stdout.write(f"Token {token.pk} ({token.prefix}) was already revoked.")
+            return
+        token.revoke()
+        self.stdout.write(f"Revoked token {token.pk} ({token.prefix}).")

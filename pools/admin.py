@@ -1,0 +1,113 @@
+"""Django admin for pools and targets; target credentials are write-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+
+from pools.models import Pool, RequestKind, Target
+
+
+class TargetAdminForm(forms.ModelForm):
+    # A URL typed without a scheme gets https: never send a provider key in clear by accident.
+    base_url = forms.URLField(
+        max_length=500,
+        assume_scheme="https",
+        help_text=Target._meta.get_field("base_url").help_text,
+    )
+    kinds = forms.MultipleChoiceField(
+        choices=RequestKind.choices, widget=forms.CheckboxSelectMultiple
+    )
+    credential = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Write-only: the stored key is never shown. Leave blank to keep it.",
+    )
+    remove_credential = forms.BooleanField(required=False, label="Remove stored credential")
+
+    class Meta:
+        model = Target
+        fields = [
+            "pool",
+            "name",
+            "base_url",
+            "model_id",
+            "priority",
+            "capacity_weight",
+            "kinds",
+            "enabled",
+            "position",
+        ]
+
+    def save(self, commit: bool = True) -> Target:
+        if self.cleaned_data.get("remove_credential"):
+            self.instance.set_credential("")
+        elif self.cleaned_data.get("credential"):
+            self.instance.set_credential(self.cleaned_data["credential"])
+        return super().save(commit)
+
+
+class TargetInline(admin.TabularInline):
+    model = Target
+    form = TargetAdminForm
+    extra = 0
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "model_name",
+        "strategy",
+        "compatibility_mode",
+        "target_count",
+        "updated_at",
+    ]
+    list_filter = ["strategy", "compatibility_mode", "continuity_enabled"]
+    search_fields = ["name", "slug", "description"]
+    inlines = [TargetInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
+        return super().get_queryset(request).annotate(target_count=Count("targets"))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Pool | None = None) -> list[str]:
+        return [] if obj is None else ["slug"]
+
+    def get_prepopulated_fields(
+        self, request: HttpRequest, obj: Pool | None = None
+    ) -> dict[str, tuple[str, ...]]:
+        return {"slug": ("name",)} if obj is None else {}
+
+    @admin.display(description="Model name", ordering="slug")
+    def model_name(self, pool: Pool) -> str:
+        return pool.model_name
+
+    @admin.display(description="Targets", ordering="target_count")
+    def target_count(self, pool: Any) -> int:
+        return pool.target_count
+
+
+@admin.register(Target)
+class TargetAdmin(admin.ModelAdmin):
+    form = TargetAdminForm
+    list_display = [
+        "name",
+        "pool",
+        "base_url",
+        "model_id",
+        "priority",
+        "capacity_weight",
+        "enabled",
+        "credential_stored",
+    ]
+    list_filter = ["enabled", "priority", "pool"]
+    search_fields = ["name", "model_id", "base_url", "pool__slug", "pool__name"]
+    list_select_related = ["pool"]
+
+    @admin.display(description="Credential", boolean=True)
+    def credential_stored(self, target: Target) -> bool:
+        return target.has_credential

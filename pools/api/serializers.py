@@ -1,0 +1,123 @@
+"""Admin API representations of pools and targets; target credentials are write-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from rest_framework import serializers
+from rest_framework.request import Request
+
+from nexus.models import ApiToken
+from pools.models import Pool, RequestKind, Target
+
+SLUG_IMMUTABLE = "A pool's slug cannot change: apps call it as @pool/<slug>."
+
+
+def visible_pools(request: Request) -> QuerySet[Pool]:
+    """Return the pools the caller may see: a token limited to some pools sees only those."""
+    pools = Pool.objects.all()
+    if isinstance(request.auth, ApiToken) and not request.auth.all_pools:
+        pools = pools.filter(slug__in=request.auth.pools)
+    return pools
+
+
+class VisiblePoolField(serializers.SlugRelatedField):
+    """A pool named by its slug, among those the caller may see."""
+
+    queryset = Pool.objects.all()
+
+    def get_queryset(self) -> QuerySet[Pool]:
+        return visible_pools(self.context["request"])
+
+
+class TargetSerializer(serializers.ModelSerializer):
+    """A target: where to send requests, how many at once, and whether a key is stored."""
+
+    pool = VisiblePoolField(slug_field="slug")
+    kinds = serializers.ListField(
+        child=serializers.ChoiceField(choices=RequestKind.choices),
+        allow_empty=False,
+        required=False,
+        help_text="Request kinds the target serves; all of them when omitted.",
+    )
+    credential = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=True,
+        style={"input_type": "password"},
+        help_text="The target's API key. Write-only; an empty string removes it.",
+    )
+    has_credential = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Target
+        fields = [
+            "id",
+            "pool",
+            "name",
+            "base_url",
+            "model_id",
+            "priority",
+            "capacity_weight",
+            "kinds",
+            "enabled",
+            "position",
+            "credential",
+            "has_credential",
+            "created_at",
+            "updated_at",
+        ]
+
+    def create(self, validated_data: dict[str, Any]) -> Target:
+        credential = validated_data.pop("credential", "")
+        target = Target(**validated_data)
+        target.set_credential(credential)
+        target.save()
+        return target
+
+    def update(self, instance: Target, validated_data: dict[str, Any]) -> Target:
+        if "credential" in validated_data:
+            instance.set_credential(validated_data.pop("credential"))
+        return super().update(instance, validated_data)
+
+
+class PoolTargetSerializer(TargetSerializer):
+    """A target as embedded in its pool: the pool is implied, the credential never shown."""
+
+    class Meta(TargetSerializer.Meta):
+        fields = [f for f in TargetSerializer.Meta.fields if f not in ("pool", "credential")]
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    """A pool, its routing policy and its targets."""
+
+    model_name = serializers.CharField(read_only=True, help_text="The name apps put in `model`.")
+    targets = PoolTargetSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Pool
+        fields = [
+            "slug",
+            "name",
+            "model_name",
+            "description",
+            "compatibility_mode",
+            "strategy",
+            "max_queue",
+            "max_queue_wait_s",
+            "max_attempts",
+            "continuity_enabled",
+            "continuity_threshold",
+            "history_retention_days",
+            "history_max_rows",
+            "targets",
+            "created_at",
+            "updated_at",
+        ]
+
+    def validate_slug(self, slug: str) -> str:
+        if self.instance is not None and slug != self.instance.slug:
+            raise serializers.ValidationError(SLUG_IMMUTABLE)
+        return slug

@@ -1,0 +1,144 @@
+"""The pools page in a real Chromium against a real daphne: sign in, read, watch a pool appear."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from django.db import connection
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.nexus.factories import make_pool, make_target, make_user
+from tests.support.live import LiveServer, running_nexus
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PASSWORD = "a long enough password"
+PROVIDER_KEY = "sk-provider-0123456789abcdef"
+SCREENSHOT = Path("/tmp/nexus-pools-page.png")
+T = TypeVar("T")
+
+
+def committed(work: Callable[[], T]) -> T:
+    """Run database work in its own thread and connection.
+
+    Playwright's sync API keeps an event loop running in the test's thread, where Django refuses
+    synchronous database calls; writes made here are committed at once for the server to see.
+    """
+
+    def run() -> T:
+        try:
+            return work()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        return executor.submit(run).result()
+
+
+@pytest.fixture
+def nexus(transactional_db: None, tmp_path: Path) -> Iterator[LiveServer]:
+    make_user("teammate", password=PASSWORD)
+    pool = make_pool("chat", name="Chat models", strategy="least_busy")
+    make_target(pool, "gpu-a", model_id="qwen2.5-7b", capacity_weight=8)
+    make_target(pool, "openai", model_id="gpt-4o-mini", credential=PROVIDER_KEY, priority=2)
+    with running_nexus(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)."
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    yield context.new_page()
+    context.close()
+
+
+def sign_in(page: Page, nexus: LiveServer) -> None:
+    page.goto(f"{nexus.url}/pools/")
+    expect(page).to_have_url(f"{nexus.url}/login/?next=/pools/")
+    page.get_by_label("Username").fill("teammate")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(f"{nexus.url}/pools/")
+
+
+def test_the_pages_scripts_and_styles_are_served_by_nexus_itself(
+    nexus: LiveServer, page: Page
+) -> None:
+    sign_in(page, nexus)
+
+    assets = page.eval_on_selector_all(
+        "script[src], link[rel=stylesheet]", "nodes => nodes.map(n => n.src || n.href)"
+    )
+
+    assert [url.removeprefix(nexus.url) for url in assets] == [
+        "/static/nexus/nexus.css",
+        "/static/django_htmx/htmx-2.min.js",
+        "/static/vendor/htmx-ext-ws/ws.js",
+        "/static/nexus/nexus.js",
+    ]
+    for url in assets:
+        assert page.request.get(url).status == 200, f"{url} is not served by Nexus itself"
+
+
+def test_a_teammate_signs_in_and_sees_each_pool_with_its_targets(
+    nexus: LiveServer, page: Page
+) -> None:
+    sign_in(page, nexus)
+
+    chat = page.locator("#pool-chat")
+    expect(chat.get_by_role("heading", name="Chat models")).to_be_visible()
+    expect(chat.locator(".model-name code")).to_have_text("@pool/chat")
+    expect(chat.locator("tbody tr")).to_have_count(2)
+    expect(chat.locator("tbody tr").first).to_contain_text("gpu-a")
+    expect(chat.locator("tbody tr").nth(1)).to_contain_text("stored")
+    assert PROVIDER_KEY not in page.content()
+
+
+def test_refresh_swaps_the_table_without_reloading_the_page(nexus: LiveServer, page: Page) -> None:
+    sign_in(page, nexus)
+    page.evaluate("window.loadedOnce = true")
+
+    with page.expect_response(lambda r: r.request.headers.get("hx-request") == "true"):
+        page.get_by_role("link", name="Refresh").click()
+
+    expect(page.locator("#pool-chat tbody tr")).to_have_count(2)
+    assert page.evaluate("window.loadedOnce") is True
+
+
+def test_a_pool_created_elsewhere_appears_without_a_reload(nexus: LiveServer, page: Page) -> None:
+    sign_in(page, nexus)
+    expect(page.locator("[data-live-status]")).to_have_text("Live")
+    page.evaluate("window.loadedOnce = true")
+
+    committed(lambda: make_target(make_pool("embed", name="Embeddings"), "bge-small"))
+
+    embed = page.locator("#pool-embed")
+    expect(embed.get_by_role("heading", name="Embeddings")).to_be_visible(timeout=10_000)
+    expect(embed.locator("tbody tr")).to_contain_text("bge-small")
+    assert page.evaluate("window.loadedOnce") is True
+    page.screenshot(path=SCREENSHOT, full_page=True)

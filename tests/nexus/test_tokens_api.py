@@ -1,0 +1,176 @@
+"""The tokens admin API: a secret is shown once, then only its effects are visible."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from nexus.models import ApiToken, hash_token
+from tests.nexus.factories import make_pool, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def owner() -> APIClient:
+    client = APIClient()
+    client.force_login(make_user("owner", staff=True))
+    return client
+
+
+@pytest.fixture
+def teammate() -> APIClient:
+    client = APIClient()
+    client.force_login(make_user("teammate"))
+    return client
+
+
+def bearer(secret: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    return client
+
+
+def test_an_owner_issues_a_token_and_sees_its_secret_once(owner: APIClient) -> None:
+    make_pool("chat")
+
+    created = owner.post("/api/v1/tokens/", {"name": "ci", "pools": ["chat"]}, format="json")
+    secret = created.json()["token"]
+    token = ApiToken.objects.get()
+    detail = owner.get(f"/api/v1/tokens/{token.pk}/")
+    listed = owner.get("/api/v1/tokens/")
+
+    assert created.status_code == 201
+    assert secret.startswith("nx-")
+    assert token.token_hash == hash_token(secret)
+    assert created.json() | {"token": "-"} == {
+        "id": token.pk,
+        "name": "ci",
+        "prefix": secret[:10],
+        "all_pools": False,
+        "pools": ["chat"],
+        "expires_at": None,
+        "created_by": "owner",
+        "created_at": created.json()["created_at"],
+        "last_used_at": None,
+        "revoked_at": None,
+        "revoked": False,
+        "expired": False,
+        "token": "-",
+    }
+    assert "token" not in detail.json()
+    assert "token" not in listed.json()["results"][0]
+    for response in (detail, listed):
+        assert secret not in response.content.decode()
+        assert token.token_hash not in response.content.decode()
+
+
+def test_an_issued_token_authenticates_api_calls(owner: APIClient) -> None:
+    secret = owner.post("/api/v1/tokens/", {"name": "ci"}, format="json").json()["token"]
+
+    response = bearer(secret).get("/api/v1/pools/")
+
+    assert response.status_code == 200
+
+
+def test_a_token_without_pools_may_call_all_of_them(owner: APIClient) -> None:
+    response = owner.post("/api/v1/tokens/", {"name": "ci", "pools": []}, format="json")
+
+    assert (response.json()["all_pools"], response.json()["pools"]) == (True, [])
+
+
+def test_a_token_names_only_existing_pools(owner: APIClient) -> None:
+    make_pool("chat")
+
+    response = owner.post(
+        "/api/v1/tokens/", {"name": "ci", "pools": ["chat", "nope"]}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert response.json() == {"pools": {"1": ["No pool has the slug nope."]}}
+    assert ApiToken.objects.count() == 0
+
+
+def test_a_token_cannot_expire_in_the_past(owner: APIClient) -> None:
+    yesterday = (timezone.now() - timedelta(days=1)).isoformat()
+
+    response = owner.post("/api/v1/tokens/", {"name": "ci", "expires_at": yesterday}, format="json")
+
+    assert response.status_code == 400
+    assert response.json() == {"expires_at": ["Choose a time in the future."]}
+
+
+def test_a_revoked_token_is_rejected(owner: APIClient) -> None:
+    token, secret = ApiToken.issue("ci")
+
+    revoked = owner.post(f"/api/v1/tokens/{token.pk}/revoke/")
+    response = bearer(secret).get("/api/v1/pools/")
+
+    assert revoked.status_code == 200
+    assert revoked.json()["revoked"] is True
+    assert response.status_code == 401
+    assert response.json() == {"detail": "Invalid token."}
+
+
+def test_revoking_twice_keeps_the_first_time(owner: APIClient) -> None:
+    token, _ = ApiToken.issue("ci")
+    first = owner.post(f"/api/v1/tokens/{token.pk}/revoke/").json()["revoked_at"]
+
+    second = owner.post(f"/api/v1/tokens/{token.pk}/revoke/").json()["revoked_at"]
+
+    assert second == first
+
+
+def test_an_expired_token_is_rejected() -> None:
+    _, secret = ApiToken.issue("ci", expires_at=timezone.now() - timedelta(seconds=1))
+
+    response = bearer(secret).get("/api/v1/pools/")
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "Token expired."}
+
+
+def test_an_unknown_token_is_rejected() -> None:
+    response = bearer("nx-not-a-token").get("/api/v1/pools/")
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "Invalid token."}
+
+
+def test_a_teammate_lists_tokens_but_cannot_issue_or_revoke(teammate: APIClient) -> None:
+    token, _ = ApiToken.issue("ci")
+
+    assert [t["name"] for t in teammate.get("/api/v1/tokens/").json()["results"]] == ["ci"]
+    assert teammate.post("/api/v1/tokens/", {"name": "mine"}).status_code == 403
+    assert teammate.post(f"/api/v1/tokens/{token.pk}/revoke/").status_code == 403
+    assert ApiToken.objects.usable().count() == 1
+
+
+def test_an_outsider_cannot_list_tokens() -> None:
+    ApiToken.issue("ci")
+
+    assert APIClient().get("/api/v1/tokens/").status_code == 401
+
+
+def test_a_token_limited_to_some_pools_cannot_manage_tokens() -> None:
+    make_pool("chat")
+    _, secret = ApiToken.issue("ci", pools=["chat"], created_by=make_user("robot", staff=True))
+
+    listed = bearer(secret).get("/api/v1/tokens/")
+    issued = bearer(secret).post("/api/v1/tokens/", {"name": "wider"}, format="json")
+
+    assert listed.status_code == 403
+    assert issued.json() == {"detail": "A token limited to some pools cannot manage tokens."}
+    assert ApiToken.objects.count() == 1
+
+
+def test_a_token_for_all_pools_issued_by_staff_may_issue_tokens() -> None:
+    _, secret = ApiToken.issue("automation", created_by=make_user("robot", staff=True))
+
+    response = bearer(secret).post("/api/v1/tokens/", {"name": "child"}, format="json")
+
+    assert response.status_code == 201
+    assert ApiToken.objects.get(name="child").created_by.username == "robot"
