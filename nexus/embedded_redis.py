@@ -42,6 +42,8 @@ def start(socket_path: Path, *, timeout_s: float = 10.0) -> subprocess.Popen[byt
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # Its own session: a terminal's Ctrl-C goes to its owner, which stops it last.
+        start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -1,0 +1,281 @@
+"""Run Nexus on this machine with everything it needs: what `make run` starts."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection, connections, transaction
+from django.db.models import Q
+
+from nexus import embedded_redis, services
+from nexus.celery import app as celery_app
+from nexus.env import bundled_redis_socket, env_list
+from nexus.launcher import LaunchError, StopRequested, Supervisor, http_answers, port_in_use
+from nexus.models import ApiToken
+from pools.models import POOL_MODEL_PREFIX
+from pools.services import DEMO_ENGINES, DEMO_MODEL, DEMO_POOL_SLUG, ensure_demo_pool
+
+ADMIN_USERNAME = "admin"
+DEFAULT_DEMO_PORTS = ["9101", "9102", "9103"]
+WORKER_CONCURRENCY = 2
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    """The secrets this run created; they are shown once and never stored in clear."""
+
+    admin_password: str | None = None
+    demo_token: str | None = None
+
+
+class Command(BaseCommand):
+    help = (
+        "Run Nexus here: bundled Redis, web server, Celery worker with beat and the demo "
+        "engines. Creates the admin user and the demo pool on the first run. Ctrl-C stops all."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Run until a signal or a failure; either way, stop everything this run started."""
+        ports = demo_ports()
+        check_ports_free(ports)
+        supervisor = Supervisor(
+            cwd=settings.BASE_DIR, env=child_environment(), log_dir=settings.DATA_DIR / "logs"
+        )
+        supervisor.handle_signals()
+        try:
+            self.start_redis(supervisor)
+            first_run = self.prepare_database(supervisor, ports)
+            start_processes(supervisor, ports)
+            self.say(banner(first_run, ports))
+            supervisor.watch()
+        except StopRequested as stop:
+            self.say(f"\n{stop}: stopping Nexus...")
+        except LaunchError as error:
+            raise CommandError(f"{error}\nNexus stopped.") from None
+        finally:
+            supervisor.stop_all()
+        self.say("Nexus stopped.")
+
+    def say(self, text: str) -> None:
+        """Print at once, even when stdout is a pipe (no terminal)."""
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def start_redis(self, supervisor: Supervisor) -> None:
+        """Start the bundled Redis server unless REDIS_URL names one."""
+        if not settings.NEXUS_BUNDLED_REDIS:
+            try:
+                services.redis_client().ping()
+            except redis.RedisError as error:
+                raise LaunchError(f"Redis at REDIS_URL does not answer: {error}") from None
+            self.say("Redis: the server at REDIS_URL")
+            return
+        socket_path = bundled_redis_socket(settings.DATA_DIR)
+        try:
+            process = embedded_redis.ensure(socket_path)
+        except embedded_redis.BundledRedisError as error:
+            raise LaunchError(str(error)) from None
+        if process is None:
+            self.say(f"Redis: reusing the bundled server that already answers on {socket_path}")
+            return
+        supervisor.adopt("redis", process, socket_path.with_suffix(".log"))
+        self.say(f"Redis: bundled server on {socket_path}")
+
+    def prepare_database(self, supervisor: Supervisor, ports: list[int]) -> FirstRun:
+        """Migrate, and seed the admin user and the demo on an empty database."""
+        supervisor.check()
+        call_command("migrate", interactive=False, verbosity=0)
+        self.say(f"Database: {describe_database()}, migrated")
+        first_run = seed_first_run(ports)
+        # The launcher only watches from here on: hold no SQLite handle while others write.
+        connections.close_all()
+        supervisor.check()
+        return first_run
+
+
+def demo_ports() -> list[int]:
+    """Return the demo engines' ports from NEXUS_DEMO_PORTS."""
+    raw = env_list("NEXUS_DEMO_PORTS", DEFAULT_DEMO_PORTS)
+    try:
+        ports = [int(item) for item in raw]
+    except ValueError:
+        ports = []
+    distinct = len({*ports, settings.NEXUS_PORT}) == len(ports) + 1
+    if len(ports) != len(DEMO_ENGINES) or not distinct or not all(0 < p < 65536 for p in ports):
+        raise CommandError(
+            f"NEXUS_DEMO_PORTS must be {len(DEMO_ENGINES)} distinct TCP ports other than "
+            f"NEXUS_PORT, e.g. {','.join(DEFAULT_DEMO_PORTS)}; got {','.join(raw)!r}."
+        )
+    return ports
+
+
+def check_ports_free(ports: list[int]) -> None:
+    """Refuse to start when a port we need is taken, naming it and the setting that chose it."""
+    wanted = [(settings.NEXUS_HOST, settings.NEXUS_PORT, "the web server (NEXUS_PORT)")]
+    wanted += [
+        ("127.0.0.1", port, f"demo engine {engine.name!r} (NEXUS_DEMO_PORTS)")
+        for engine, port in zip(DEMO_ENGINES, ports, strict=True)
+    ]
+    taken = [
+        f"  {host}:{port} for {what}" for host, port, what in wanted if port_in_use(host, port)
+    ]
+    if taken:
+        raise CommandError(
+            "These ports are already in use (is Nexus already running?):\n"
+            + "\n".join(taken)
+            + "\nStop what holds them, or choose others with NEXUS_PORT / NEXUS_DEMO_PORTS."
+        )
+
+
+def child_environment() -> dict[str, str]:
+    """Return the environment of every child: ours, with the data dir made absolute."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "nexus.settings"),
+        # A relative NEXUS_DATA_DIR would move with a child's working directory.
+        "NEXUS_DATA_DIR": str(settings.DATA_DIR),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def describe_database() -> str:
+    """Return where the database is, without credentials."""
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"SQLite at {db['NAME']}"
+    return f"{connection.vendor} database {db['NAME']!r} on {db['HOST'] or 'localhost'}"
+
+
+@transaction.atomic
+def seed_first_run(ports: list[int]) -> FirstRun:
+    """On a database without an admin, create one and the demo pool with a client token."""
+    user_model = get_user_model()
+    if user_model.objects.filter(Q(is_superuser=True) | Q(username=ADMIN_USERNAME)).exists():
+        # Not the first run: everything from here on belongs to the operator.
+        return FirstRun()
+    password = secrets.token_urlsafe(12)
+    admin = user_model.objects.create_superuser(ADMIN_USERNAME, email="", password=password)
+    _, created = ensure_demo_pool(ports)
+    if not created:
+        return FirstRun(admin_password=password)
+    _, token = ApiToken.issue("demo", pools=[DEMO_POOL_SLUG], created_by=admin)
+    return FirstRun(admin_password=password, demo_token=token)
+
+
+def start_processes(supervisor: Supervisor, ports: list[int]) -> None:
+    """Start the demo engines, daphne and the Celery worker with beat; wait until each is ready."""
+    python = sys.executable
+    probes = []
+    for engine, port in zip(DEMO_ENGINES, ports, strict=True):
+        argv = [
+            python, "-m", "serving.runtimes.simulator", "--host", "127.0.0.1",
+            "--port", str(port), "--model", DEMO_MODEL, "--ttft-ms", str(engine.ttft_ms),
+            "--tpot-ms", str(engine.tpot_ms), "--concurrency", str(engine.concurrency),
+        ]  # fmt: skip
+        health = f"http://127.0.0.1:{port}/health"
+        probes.append((supervisor.start(f"engine-{engine.name}", argv), health, (200,)))
+    web = supervisor.start(
+        "web",
+        [python, "-m", "daphne", "-b", settings.NEXUS_HOST, "-p", str(settings.NEXUS_PORT),
+         "nexus.asgi:application"],
+    )  # fmt: skip
+    # /healthz answers 503 while the worker's first heartbeat is due: the server is up anyway.
+    probes.append((web, f"{local_url()}/healthz", (200, 503)))
+    # A node name of our own, so the readiness ping reaches this worker and no other.
+    node = f"nexus-{os.getpid()}@{socket.gethostname()}"
+    worker = supervisor.start(
+        "worker",
+        [python, "-m", "celery", "-A", "nexus", "worker", "--beat",
+         "--concurrency", str(WORKER_CONCURRENCY), "--hostname", node,
+         "--loglevel", settings.LOGGING["root"]["level"],
+         # One worker needs no syncing with peers; skipping it saves a second at start.
+         "--without-mingle", "--without-gossip"],
+    )  # fmt: skip
+    for child, url, statuses in probes:
+        supervisor.wait_ready(child, lambda url=url, statuses=statuses: http_answers(url, statuses))
+    supervisor.wait_ready(
+        worker, lambda: bool(celery_app.control.ping(destination=[node], timeout=0.5))
+    )
+
+
+def local_url() -> str:
+    """Return the URL this machine reaches the web server at."""
+    host = settings.NEXUS_HOST
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.NEXUS_PORT}"
+
+
+def banner(first_run: FirstRun, ports: list[int]) -> str:
+    """Return what a user needs to start: URL, login, token and copy-paste examples."""
+    url = local_url()
+    python = os.path.relpath(sys.executable, settings.BASE_DIR)
+    if python.startswith(".."):
+        python = sys.executable
+    model = f"{POOL_MODEL_PREFIX}{DEMO_POOL_SLUG}"
+    engines = ", ".join(
+        f"{engine.name} :{port}" for engine, port in zip(DEMO_ENGINES, ports, strict=True)
+    )
+    once = "(shown this once: keep it)"
+    if first_run.admin_password:
+        login = f"user {ADMIN_USERNAME}, password {first_run.admin_password}  {once}"
+    else:
+        login = (
+            f"user {ADMIN_USERNAME} (its password was shown on the first run)\n"
+            f"{'':16}new password: {python} manage.py changepassword {ADMIN_USERNAME}"
+        )
+    if first_run.demo_token:
+        token = f"{first_run.demo_token}  {once}"
+        export = f"export NEXUS_TOKEN={first_run.demo_token}"
+    else:
+        token = f"make one: {python} manage.py nexus_token create --name me"
+        export = "export NEXUS_TOKEN=<your token>"
+    rule = "-" * 78
+    return f"""
+{rule}
+  Nexus is running at {url}/
+{rule}
+  Sign in       {login}
+  Client token  {token}
+  Demo pool     {model}: simulated {DEMO_MODEL} engines {engines}
+  Health        {url}/healthz
+  Logs          {settings.DATA_DIR / "logs"}/
+
+  Try it with curl:
+
+    {export}
+    curl -N {url}/v1/chat/completions \\
+      -H "Authorization: Bearer $NEXUS_TOKEN" -H "Content-Type: application/json" \\
+      -d '{{"model": "{model}", "stream": true,
+           "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  or with Python (pip install openai):
+
+    import os
+    from openai import OpenAI
+
+    client = OpenAI(base_url="{url}/v1", api_key=os.environ["NEXUS_TOKEN"])
+    stream = client.chat.completions.create(
+        model="{model}",
+        messages=[{{"role": "user", "content": "Hello!"}}],
+        stream=True,
+    )
+    for chunk in stream:
+        if chunk.choices:
+            print(chunk.choices[0].delta.content or "", end="", flush=True)
+    print()
+
+  Ctrl-C stops Nexus and everything it started.
+{rule}"""

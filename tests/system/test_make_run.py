@@ -1,0 +1,306 @@
+"""`manage.py nexus_run`, what `make run` starts, as a user runs it: real processes and ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.auth.hashers import check_password
+from openai import OpenAI
+
+from tests.support.simulator import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BANNER_END = "Ctrl-C stops Nexus and everything it started."
+START_TIMEOUT_S = 60.0
+EXIT_TIMEOUT_S = 30.0
+# Beat sends the first heartbeat one interval (10 s) after it starts.
+WORKER_HEALTHY_TIMEOUT_S = 20.0
+
+
+class Launcher:
+    """A running `manage.py nexus_run` whose output is collected as it comes."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "nexus_run"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self._lines)
+
+    def wait_for(self, text: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Return once the output contains text; fail if the launcher exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output:
+            if self.process.poll() is not None:
+                self._reader.join(timeout=5)
+                pytest.fail(f"exited with {self.process.returncode}:\n{self.output}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {text!r} after {timeout_s} s:\n{self.output}")
+            time.sleep(0.1)
+
+    def wait_exit(self, timeout_s: float = EXIT_TIMEOUT_S) -> int:
+        """Return the exit status once the launcher has exited and its output is read."""
+        code = self.process.wait(timeout=timeout_s)
+        self._reader.join(timeout=5)
+        return code
+
+    def stop(self, signum: int) -> int:
+        """Send signum and return the exit status."""
+        self.process.send_signal(signum)
+        return self.wait_exit()
+
+    def kill(self) -> None:
+        """Kill the launcher and every process under it, whatever state the test left."""
+        for pid in [self.process.pid, *process_tree(self.process.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(timeout=EXIT_TIMEOUT_S)
+
+
+def process_tree(root: int) -> dict[int, int]:
+    """Return {pid: parent pid} for every process below root, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # The command name may hold spaces and parentheses: fields start after the last ")".
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        parent = todo.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree[pid] = ppid
+                todo.append(pid)
+    return tree
+
+
+def is_running(pid: int) -> bool:
+    """Return whether pid is a process that has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kind_of(pid: int) -> str:
+    """Name what a child of the launcher runs, from its command line."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    # redis-server rewrites its command line into a title such as "…/redis-server unixsocket:…".
+    if "redis-server" in argv[0]:
+        return "redis"
+    for module in ("serving.runtimes.simulator", "daphne", "celery"):
+        if module in argv:
+            return module
+    return " ".join(argv)
+
+
+def free_ports(count: int) -> list[int]:
+    """Return count distinct ports that were free a moment ago."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def launcher_environment(data_dir: Path, web_port: int, demo_ports: list[int]) -> dict[str, str]:
+    """Return the environment of a launcher with its own data dir, ports and Redis keys."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        # SQLite in the data dir; the secret key generated there.
+        if name not in {"DATABASE_URL", "NEXUS_SECRET_KEY"}
+    }
+    env.update(
+        NEXUS_DATA_DIR=str(data_dir),
+        NEXUS_HOST="127.0.0.1",
+        NEXUS_PORT=str(web_port),
+        NEXUS_DEMO_PORTS=",".join(str(port) for port in demo_ports),
+        # The bundled Redis is the launcher's own; a shared REDIS_URL (CI) needs our own keys.
+        NEXUS_REDIS_PREFIX=f"nexus-system-{uuid.uuid4().hex[:8]}",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def wait_for_healthy_worker(url: str) -> dict[str, Any]:
+    """Return /healthz's report once it says the worker's heartbeat arrived."""
+    deadline = time.monotonic() + WORKER_HEALTHY_TIMEOUT_S
+    while True:
+        response = httpx.get(f"{url}/healthz", timeout=5)
+        report = response.json()
+        if report["worker"]["status"] == "ok" or time.monotonic() > deadline:
+            return {"http_status": response.status_code, **report}
+        time.sleep(0.5)
+
+
+def assert_it_serves_the_demo(url: str, token: str) -> None:
+    """Check health, the model list and one streamed chat through the official SDK."""
+    report = wait_for_healthy_worker(url)
+    assert report["http_status"] == 200
+    assert report["database"]["status"] == "ok"
+    assert report["redis"]["status"] == "ok"
+    assert report["worker"]["status"] == "ok", report
+    client = OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=30)
+    assert "@pool/demo" in [model.id for model in client.models.list()]
+    stream = client.chat.completions.create(
+        model="@pool/demo",
+        messages=[{"role": "user", "content": "Say hello."}],
+        stream=True,
+        max_tokens=8,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text.strip()
+
+
+def read_rows(database: Path, query: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(database) as db:
+        return db.execute(query).fetchall()
+
+
+def test_it_runs_the_demo_stops_everything_and_reuses_its_data_on_the_next_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Given a fresh data dir (a short path: Unix socket paths hold at most 107 bytes)
+    data_dir = tmp_path_factory.mktemp("run")
+    web_port, *demo_ports = free_ports(4)
+    env = launcher_environment(data_dir, web_port, demo_ports)
+    url = f"http://127.0.0.1:{web_port}"
+    database = data_dir / "nexus.sqlite3"
+
+    # When Nexus runs for the first time
+    first = Launcher(env)
+    try:
+        first.wait_for(BANNER_END)
+
+        # Then it prints the URL, the admin's password and a client token, once
+        assert f"Nexus is running at {url}/" in first.output
+        password = re.search(r"user admin, password (\S+)", first.output)
+        token = re.search(r"Client token  (nx-\S+)", first.output)
+        assert password and token, first.output
+        [(password_hash,)] = read_rows(database, "SELECT password FROM auth_user")
+        assert check_password(password[1], password_hash)
+
+        # and serves the demo pool with a worker and beat behind it
+        assert_it_serves_the_demo(url, token[1])
+
+        # and started Redis, three engines, daphne and the Celery worker
+        tree = process_tree(first.process.pid)
+        children = [pid for pid, parent in tree.items() if parent == first.process.pid]
+        expected = {"serving.runtimes.simulator": 3, "daphne": 1, "celery": 1}
+        if "REDIS_URL" not in env:
+            expected["redis"] = 1
+        assert Counter(kind_of(pid) for pid in children) == expected
+
+        # When it receives SIGTERM
+        status = first.stop(signal.SIGTERM)
+
+        # Then it exits 0 and every process it started, and theirs, is gone
+        assert status == 0, first.output
+        assert [pid for pid in tree if is_running(pid)] == []
+        assert "Nexus stopped." in first.output
+    finally:
+        first.kill()
+
+    # Given the operator edited the demo pool in between
+    with sqlite3.connect(database) as db:
+        db.execute("UPDATE pools_target SET capacity_weight = 2 WHERE name = 'slow'")
+
+    # When Nexus runs again on the same data
+    second = Launcher(env)
+    try:
+        second.wait_for(BANNER_END)
+
+        # Then it prints no new password nor token, and the first token still works
+        assert "password " + password[1] not in second.output
+        assert not re.search(r"user admin, password \S+", second.output)
+        assert "nx-" not in second.output
+        assert "manage.py nexus_token create --name me" in second.output
+        assert_it_serves_the_demo(url, token[1])
+
+        # and the demo was neither duplicated nor reset
+        assert read_rows(database, "SELECT slug FROM pools_pool") == [("demo",)]
+        assert sorted(read_rows(database, "SELECT name, capacity_weight FROM pools_target")) == [
+            ("fast", 8),
+            ("medium", 6),
+            ("slow", 2),
+        ]
+        assert read_rows(database, "SELECT username FROM auth_user") == [("admin",)]
+        assert read_rows(database, "SELECT name FROM nexus_apitoken") == [("demo",)]
+
+        # and Ctrl-C (SIGINT) stops it as cleanly
+        tree = process_tree(second.process.pid)
+        assert second.stop(signal.SIGINT) == 0, second.output
+        assert [pid for pid in tree if is_running(pid)] == []
+    finally:
+        second.kill()
+
+
+@pytest.mark.parametrize(
+    ("busy", "named"),
+    [("web", "the web server (NEXUS_PORT)"), (1, "demo engine 'medium' (NEXUS_DEMO_PORTS)")],
+)
+def test_it_refuses_a_busy_port_at_once_and_names_it(
+    tmp_path_factory: pytest.TempPathFactory, busy: str | int, named: str
+) -> None:
+    # Given another program listens on a port Nexus needs
+    data_dir = tmp_path_factory.mktemp("busy")
+    web_port, *demo_ports = free_ports(4)
+    busy_port = web_port if busy == "web" else demo_ports[int(busy)]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", busy_port))
+        holder.listen()
+
+        # When Nexus starts
+        started = time.monotonic()
+        launcher = Launcher(launcher_environment(data_dir, web_port, demo_ports))
+        try:
+            status = launcher.wait_exit()
+        finally:
+            launcher.kill()
+
+    # Then it fails within seconds, names the port and the setting, and started nothing
+    assert status == 1
+    assert time.monotonic() - started < EXIT_TIMEOUT_S
+    assert "already in use" in launcher.output
+    assert f"127.0.0.1:{busy_port} for {named}" in launcher.output
+    assert not (data_dir / "logs").exists()
