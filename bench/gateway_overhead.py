@@ -164,6 +164,35 @@ def measure(
     return Result(count, seconds, latencies, spent)
 
 
+@dataclass
+class Server:
+    """A process that answers the benchmark's requests, and the model name to send it."""
+
+    label: str
+    port: int
+    model: str
+    process: subprocess.Popen[bytes] | None = None  # None: not measured (the engine itself)
+
+
+def simulator_argv(port: int, tpot_ms: str) -> list[str]:
+    return [
+        sys.executable, "-m", "serving.runtimes.simulator", "--port", str(port),
+        "--model", "bench-model", "--ttft-ms", "0", "--tpot-ms", tpot_ms, "--concurrency", "512",
+    ]  # fmt: skip
+
+
+def daphne_argv(port: int, app: str) -> list[str]:
+    return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app]
+
+
+def uvicorn_argv(port: int, app: str) -> list[str]:
+    return [
+        sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+        "--loop", "uvloop", "--http", "httptools", "--lifespan", "off", "--no-access-log",
+        "--log-level", "warning",
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests per scenario")
@@ -173,45 +202,28 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="nexus-bench-") as tmp:
         tmp_path = Path(tmp)
-        sim_port, paced_port = free_port(), free_port()
-        daphne_port, uvicorn_port = free_port(), free_port()
         env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_DATA_DIR=str(tmp_path))
         env.pop("DATABASE_URL", None)
-        # Non-streaming answers come at once; streams come one token a millisecond, so that
-        # each token is its own chunk (at 0 ms the engine's writes merge and flatter the relay).
-        sims = {
-            "bench": (sim_port, "0"),
-            "bench-stream": (paced_port, "1"),
-        }
-        processes = [
-            spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "serving.runtimes.simulator",
-                    "--port",
-                    str(port),
-                    "--model",
-                    "bench-model",
-                    "--ttft-ms",
-                    "0",
-                    "--tpot-ms",
-                    tpot,
-                    "--concurrency",
-                    "512",
-                ],
-                env,
-                OTHER_CPU,
-                tmp_path / f"{slug}.log",
-            )  # fmt: skip
-            for slug, (port, tpot) in sims.items()
-        ]
+        processes: list[subprocess.Popen[bytes]] = []
+
+        def start(name: str, argv: list[str], cpus: set[int], **extra: str) -> subprocess.Popen:
+            process = spawn(argv, dict(env, **extra), cpus, tmp_path / f"{name}.log")
+            processes.append(process)
+            return process
+
         try:
-            for process, (port, _) in zip(processes, sims.values(), strict=True):
-                wait_http(f"http://127.0.0.1:{port}/health", process)
+            # Non-streaming answers come at once; streams come one token a millisecond, so that
+            # each token is its own chunk (at 0 ms the engine's writes merge and flatter the
+            # relay). Each engine gets its own pool and its own bare proxy.
+            groups: dict[str, list[Server]] = {}
+            for slug, tpot in (("bench", "0"), ("bench-stream", "1")):
+                port = free_port()
+                engine = start(slug, simulator_argv(port, tpot), OTHER_CPU)
+                wait_http(f"http://127.0.0.1:{port}/health", engine)
+                groups[slug] = [Server("direct", port, "bench-model")]
             token = configure(
                 tmp_path,
-                {slug: f"http://127.0.0.1:{port}/v1" for slug, (port, _) in sims.items()},
+                {slug: f"http://127.0.0.1:{group[0].port}/v1" for slug, group in groups.items()},
             )
             from nexus import embedded_redis
             from nexus.env import bundled_redis_socket
@@ -219,53 +231,56 @@ def main() -> None:
             redis_process = embedded_redis.ensure(bundled_redis_socket(tmp_path))
             if redis_process:
                 processes.append(redis_process)
-            daphne = spawn(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(daphne_port),
-                 "nexus.asgi:application"],
-                env, GATEWAY_CPU, tmp_path / "daphne.log",
-            )  # fmt: skip
-            uvicorn = spawn(
-                [sys.executable, "-m", "uvicorn", "nexus.asgi:application", "--host",
-                 "127.0.0.1", "--port", str(uvicorn_port), "--loop", "uvloop", "--http",
-                 "httptools", "--lifespan", "off", "--no-access-log", "--log-level", "warning"],
-                env, GATEWAY_CPU, tmp_path / "uvicorn.log",
-            )  # fmt: skip
-            processes += [daphne, uvicorn]
-            wait_http(f"http://127.0.0.1:{daphne_port}/healthz", daphne)
-            wait_http(f"http://127.0.0.1:{uvicorn_port}/healthz", uvicorn)
-            report(token, sim_port, paced_port, daphne, daphne_port, uvicorn, uvicorn_port, scale)
+            nexus = {
+                "nexus/daphne": daphne_argv,
+                "nexus/uvicorn": uvicorn_argv,
+            }
+            shared = {}
+            for label, argv in nexus.items():
+                port = free_port()
+                process = start(
+                    label.replace("/", "-"), argv(port, "nexus.asgi:application"), GATEWAY_CPU
+                )
+                wait_http(f"http://127.0.0.1:{port}/healthz", process)
+                shared[label] = (port, process)
+            for slug, group in groups.items():
+                port = free_port()
+                upstream = f"http://127.0.0.1:{group[0].port}/v1/chat/completions"
+                bare = start(
+                    f"bare-{slug}", daphne_argv(port, "bench.bare_proxy:application"),
+                    GATEWAY_CPU, BARE_PROXY_UPSTREAM=upstream,
+                )  # fmt: skip
+                wait_http(f"http://127.0.0.1:{port}/", bare)
+                group.append(Server("bare/daphne", port, "bench-model", bare))
+                for label, (nexus_port, process) in shared.items():
+                    group.append(Server(label, nexus_port, f"@pool/{slug}", process))
+            report(token, groups, scale)
         finally:
             for process in reversed(processes):
                 stop(process)
 
 
-def report(
-    token: str, sim_port: int, paced_port: int, daphne: subprocess.Popen, daphne_port: int,
-    uvicorn: subprocess.Popen, uvicorn_port: int, scale: float,
-) -> None:  # fmt: skip
+def report(token: str, groups: dict[str, list[Server]], scale: float) -> None:
     message = [{"role": "user", "content": "Summarise the benefits of load balancing."}]
     scenarios = [
-        ("non-stream", 1, 600, {"max_tokens": 16}, sim_port, "bench"),
-        ("non-stream", 64, 6000, {"max_tokens": 16}, sim_port, "bench"),
-        ("stream 100", 1, 100, {"max_tokens": 100, "stream": True}, paced_port, "bench-stream"),
-        ("stream 100", 64, 1280, {"max_tokens": 100, "stream": True}, paced_port, "bench-stream"),
+        ("non-stream", 1, 600, {"max_tokens": 16}, "bench"),
+        ("non-stream", 64, 6000, {"max_tokens": 16}, "bench"),
+        ("stream 100", 1, 100, {"max_tokens": 100, "stream": True}, "bench-stream"),
+        ("stream 100", 64, 1280, {"max_tokens": 100, "stream": True}, "bench-stream"),
     ]
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     print(f"gateway overhead ({TARGETS})")
+    print("bare/daphne: a proxy with nothing but daphne, httpx and the aiohttp transport")
     print(f"{'scenario':<16}{'path':<15}{'n':>6}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
           f"{'gw CPU ms/req':>15}{'p50 +ms':>9}")  # fmt: skip
-    for name, concurrency, total, extra, direct_port, slug in scenarios:
+    for name, concurrency, total, extra, slug in scenarios:
         direct_p50 = None
-        paths = [
-            ("direct", f"http://127.0.0.1:{direct_port}", "bench-model", None),
-            ("nexus/daphne", f"http://127.0.0.1:{daphne_port}", f"@pool/{slug}", daphne.pid),
-            ("nexus/uvicorn", f"http://127.0.0.1:{uvicorn_port}", f"@pool/{slug}", uvicorn.pid),
-        ]
-        for label, base, model, pid in paths:
-            body = json.dumps({"model": model, "messages": message, **extra}).encode()
+        for server in groups[slug]:
+            body = json.dumps({"model": server.model, "messages": message, **extra}).encode()
+            pid = server.process.pid if server.process else None
             result = measure(
-                f"{base}/v1/chat/completions", body, headers, concurrency,
-                max(int(total * scale), 20), pid,
+                f"http://127.0.0.1:{server.port}/v1/chat/completions", body, headers,
+                concurrency, max(int(total * scale), 20), pid,
             )  # fmt: skip
             p50 = result.percentile(0.5)
             if direct_p50 is None:
@@ -273,7 +288,7 @@ def report(
             cpu = f"{result.cpu_per_request:.3f}" if result.cpu_per_request is not None else "-"
             added = f"{p50 - direct_p50:+.2f}" if pid else "-"
             print(
-                f"{name + f' c={concurrency}':<16}{label:<15}{result.requests:>6}"
+                f"{name + f' c={concurrency}':<16}{server.label:<15}{result.requests:>6}"
                 f"{result.rate:>9.0f}{p50:>9.2f}{result.percentile(0.99):>9.2f}{cpu:>15}"
                 f"{added:>9}",
                 flush=True,
