@@ -221,16 +221,15 @@ def main() -> None:
                 engine = start(slug, simulator_argv(port, tpot), OTHER_CPU)
                 wait_http(f"http://127.0.0.1:{port}/health", engine)
                 groups[slug] = [Server("direct", port, "bench-model")]
+            # Saving a pool pushes to the pages' channel layer: Redis must be up first.
+            from nexus import embedded_redis
+            from nexus.env import bundled_redis_socket
+
+            processes.append(embedded_redis.start(bundled_redis_socket(tmp_path)))
             token = configure(
                 tmp_path,
                 {slug: f"http://127.0.0.1:{group[0].port}/v1" for slug, group in groups.items()},
             )
-            from nexus import embedded_redis
-            from nexus.env import bundled_redis_socket
-
-            redis_process = embedded_redis.ensure(bundled_redis_socket(tmp_path))
-            if redis_process:
-                processes.append(redis_process)
             nexus = {
                 "nexus/daphne": daphne_argv,
                 "nexus/uvicorn": uvicorn_argv,

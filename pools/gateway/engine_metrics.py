@@ -1,0 +1,108 @@
+"""Read engines' own load from their Prometheus /metrics (vLLM, SGLang, llama.cpp names).
+
+The gateway scrapes each target about once a second in a background task; a reading older than
+STALE_AFTER_S is ignored and the balancer falls back to the gateway's own in-flight counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+STALE_AFTER_S = 2.0
+SCRAPE_INTERVAL_S = 1.0
+SCRAPE_TIMEOUT_S = 0.8
+
+# Gauge names per runtime: (running, waiting). The first family present in a scrape wins.
+RUNNING_NAMES = (
+    "vllm:num_requests_running",
+    "sglang:num_running_reqs",
+    "llamacpp:requests_processing",
+)
+WAITING_NAMES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
+WANTED = frozenset(RUNNING_NAMES + WAITING_NAMES)
+WANTED_PREFIXES = ("vllm:", "sglang:", "llamacpp:")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """An engine's own count of running and waiting requests, and when it was read."""
+
+    running: int
+    waiting: int
+    read_at: float  # monotonic seconds
+
+
+def parse_load(text: str) -> tuple[int, int] | None:
+    """Return (running, waiting) summed over all series, or None if the engine exports neither."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(WANTED_PREFIXES):
+            continue
+        brace = line.find("{")
+        if brace != -1:
+            name, rest = line[:brace], line[line.rfind("}") + 1 :]
+        else:
+            name, _, rest = line.partition(" ")
+        if name not in WANTED:
+            continue
+        fields = rest.split()  # value, then an optional timestamp
+        try:
+            sums[name] = sums.get(name, 0.0) + float(fields[0])
+        except (IndexError, ValueError):
+            continue
+    running = next((sums[name] for name in RUNNING_NAMES if name in sums), None)
+    waiting = next((sums[name] for name in WAITING_NAMES if name in sums), None)
+    if running is None and waiting is None:
+        return None
+    return int(running or 0), int(waiting or 0)
+
+
+def metrics_url(base_url: str) -> str:
+    """Return the /metrics URL of an OpenAI-compatible base URL (which ends in /v1)."""
+    root = base_url.rstrip("/")
+    return (root[: -len("/v1")] if root.endswith("/v1") else root) + "/metrics"
+
+
+class EngineLoads:
+    """The latest fresh reading per target; scraped in the background, read without I/O."""
+
+    def __init__(self) -> None:
+        self._loads: dict[int, EngineLoad] = {}
+        self._unsupported: set[int] = set()
+
+    def fresh(self, target_id: int, now: float) -> EngineLoad | None:
+        """Return the target's reading if it is younger than STALE_AFTER_S."""
+        load = self._loads.get(target_id)
+        if load is None or now - load.read_at > STALE_AFTER_S:
+            return None
+        return load
+
+    async def scrape(self, client: httpx.AsyncClient, targets: Iterable[tuple[int, str]]) -> None:
+        """Read every target's /metrics once, concurrently; failures just leave readings stale."""
+        pending = [(tid, url) for tid, url in targets if tid not in self._unsupported]
+        await asyncio.gather(*(self._scrape_one(client, tid, url) for tid, url in pending))
+
+    async def _scrape_one(self, client: httpx.AsyncClient, target_id: int, base_url: str) -> None:
+        try:
+            response = await client.get(metrics_url(base_url), timeout=SCRAPE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return
+        if response.status_code == 404:
+            # Hosted providers have no /metrics: stop asking until the snapshot changes.
+            self._unsupported.add(target_id)
+            return
+        parsed = parse_load(response.text) if response.status_code == 200 else None
+        if parsed is not None:
+            self._loads[target_id] = EngineLoad(*parsed, read_at=time.monotonic())
+
+    def forget_unsupported(self) -> None:
+        """Ask every target again (after a configuration change)."""
+        self._unsupported.clear()

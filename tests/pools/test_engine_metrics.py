@@ -1,0 +1,76 @@
+"""The gateway reads engines' own running and waiting counts from their /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from pools.gateway.engine_metrics import STALE_AFTER_S, EngineLoads, metrics_url, parse_load
+from tests.support.simulator import Simulator, free_port, running_simulator
+
+VLLM_TEXT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 7.0 1700000000000
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+"""
+
+
+def test_it_sums_vllm_gauges_over_engines() -> None:
+    assert parse_load(VLLM_TEXT) == (5, 7)
+
+
+def test_it_reads_sglang_and_llama_cpp_names() -> None:
+    sglang = 'sglang:num_running_reqs{model_name="m"} 4\nsglang:num_queue_reqs{model_name="m"} 1\n'
+    llama = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 6\n"
+
+    assert parse_load(sglang) == (4, 1)
+    assert parse_load(llama) == (2, 6)
+
+
+def test_it_returns_nothing_for_an_engine_without_load_gauges() -> None:
+    assert parse_load("process_cpu_seconds_total 12.5\n") is None
+
+
+def test_it_finds_metrics_beside_the_openai_base_url() -> None:
+    assert metrics_url("http://10.0.0.5:8000/v1") == "http://10.0.0.5:8000/metrics"
+    assert metrics_url("http://10.0.0.5:8000/v1/") == "http://10.0.0.5:8000/metrics"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Simulator]:
+    with running_simulator(ttft_ms=0, tpot_ms=200, concurrency=1) as sim:
+        yield sim
+
+
+async def test_it_scrapes_a_real_engine_and_forgets_stale_readings(engine: Simulator) -> None:
+    loads = EngineLoads()
+    body = {"model": "demo-8b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5}
+    async with httpx.AsyncClient() as client:
+        busy = [
+            client.post(f"{engine.base_url}/chat/completions", json=body, timeout=10)
+            for _ in range(3)
+        ]
+        pending = [asyncio.ensure_future(request) for request in busy]
+        await asyncio.sleep(0.3)
+        await loads.scrape(client, [(1, engine.base_url)])
+        reading = loads.fresh(1, time.monotonic())
+        await asyncio.gather(*pending)
+
+    assert reading is not None
+    assert (reading.running, reading.waiting) == (1, 2)
+    assert loads.fresh(1, time.monotonic() + STALE_AFTER_S + 0.1) is None
+
+
+async def test_it_leaves_an_unreachable_engine_without_a_reading() -> None:
+    loads = EngineLoads()
+    async with httpx.AsyncClient() as client:
+        await loads.scrape(client, [(7, f"http://127.0.0.1:{free_port()}/v1")])
+
+    assert loads.fresh(7, time.monotonic()) is None
