@@ -44,6 +44,14 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """Return the variable's value if it is one of choices."""
+    value = os.environ.get(name, default).strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r}: choose one of {', '.join(choices)}.")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """Return a comma-separated variable as a list of non-empty items."""
     raw = os.environ.get(name)

@@ -10,6 +10,7 @@ from nexus.env import (
     bundled_redis_socket,
     data_dir,
     env_bool,
+    env_choice,
     env_int,
     env_list,
     env_str,
@@ -148,6 +149,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 10.0,
         "options": {"expires": 9.0},
     },
+    "pools-prune-history": {
+        "task": "pools.tasks.prune_history",
+        "schedule": 300.0,
+        "options": {"expires": 290.0},
+    },
 }
 
 REST_FRAMEWORK = {
@@ -178,6 +184,13 @@ NEXUS_UPSTREAM_CONNECT_TIMEOUT_S = env_int("NEXUS_UPSTREAM_CONNECT_TIMEOUT_S", 5
 NEXUS_UPSTREAM_READ_TIMEOUT_S = env_int("NEXUS_UPSTREAM_READ_TIMEOUT_S", 600, minimum=1)
 NEXUS_UPSTREAM_MAX_CONNECTIONS = env_int("NEXUS_UPSTREAM_MAX_CONNECTIONS", 1000, minimum=1)
 NEXUS_ENCRYPTION_KEY = env_str("NEXUS_ENCRYPTION_KEY", "")
+# In-flight counts per target: "auto" shares them through Redis when the operator set REDIS_URL
+# (several gateway processes), else keeps them in memory (one embedded process); "memory" or
+# "redis" forces one. A lease not renewed for the TTL (its process died) frees its slot.
+NEXUS_LEDGER = env_choice("NEXUS_LEDGER", "auto", ("auto", "memory", "redis"))
+NEXUS_LEDGER_LEASE_TTL_S = env_int("NEXUS_LEDGER_LEASE_TTL_S", 60, minimum=3)
+# /metrics answers anyone (a scraper on a private network); false: staff sessions and tokens only.
+NEXUS_METRICS_PUBLIC = env_bool("NEXUS_METRICS_PUBLIC", True)
 
 LOGGING = {
     "version": 1,

@@ -1,4 +1,4 @@
-"""Root URLs: pages, the admin API and its schema, the Django admin, health."""
+"""Root URLs: pages, the admin API and its schema, the Django admin, health, metrics."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from nexus import views
+from pools.gateway.metrics import metrics_view
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("pools/", include("pools.urls")),

@@ -1,4 +1,4 @@
-"""Django admin for pools and targets; target credentials are write-only."""
+"""Django admin for pools, targets and routing history; target credentials are write-only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
-from pools.models import Pool, RequestKind, Target
+from pools.models import Pool, RequestKind, RoutingRecord, Target
 
 
 class TargetAdminForm(forms.ModelForm):
@@ -111,3 +111,34 @@ class TargetAdmin(admin.ModelAdmin):
     @admin.display(description="Credential", boolean=True)
     def credential_stored(self, target: Target) -> bool:
         return target.has_credential
+
+
+@admin.register(RoutingRecord)
+class RoutingRecordAdmin(admin.ModelAdmin):
+    """Routing history, read-only: the gateway writes it and retention prunes it."""
+
+    list_display = [
+        "created_at",
+        "request_id",
+        "pool",
+        "kind",
+        "target_name",
+        "outcome",
+        "status_code",
+        "total_ms",
+        "token_name",
+    ]
+    list_filter = ["outcome", "kind", "stream", "pool"]
+    search_fields = ["request_id", "target_name", "token_name"]
+    list_select_related = ["pool"]
+    # The history can hold millions of rows: no full count on every page.
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: RoutingRecord | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: RoutingRecord | None = None) -> bool:
+        return False

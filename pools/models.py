@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 from nexus import crypto
 
@@ -28,6 +29,14 @@ class RequestKind(models.TextChoices):
     CHAT = "chat", "Chat completions"
     COMPLETIONS = "completions", "Completions"
     EMBEDDINGS = "embeddings", "Embeddings"
+
+
+class TargetState(models.TextChoices):
+    """Where a target stands in draining (the balancer's DrainState has the same values)."""
+
+    ACTIVE = "active", "Active"
+    DRAINING = "draining", "Draining"
+    DRAINED = "drained", "Drained"
 
 
 def all_request_kinds() -> list[str]:
@@ -102,6 +111,13 @@ class Target(models.Model):
     kinds = models.JSONField(default=all_request_kinds, help_text="Request kinds served.")
     credential_encrypted = models.TextField(blank=True, editable=False)
     enabled = models.BooleanField(default=True)
+    state = models.CharField(
+        max_length=16,
+        choices=TargetState.choices,
+        default=TargetState.ACTIVE,
+        help_text="Draining takes no new requests; drained has none left. Resume to serve again.",
+    )
+    state_changed_at = models.DateTimeField(null=True, blank=True)
     position = models.PositiveIntegerField(default=0, help_text="Order for round robin.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -133,3 +149,70 @@ class Target(models.Model):
             raise ValidationError(
                 {"kinds": f"Choose from {', '.join(all_request_kinds())}; got {self.kinds!r}."}
             )
+
+
+class RoutingOutcome(models.TextChoices):
+    OK = "ok", "OK"
+    CLIENT_ERROR = "client_error", "Client error"
+    UPSTREAM_ERROR = "upstream_error", "Upstream error"
+    QUEUE_FULL = "queue_full", "Queue full"
+    QUEUE_TIMEOUT = "queue_timeout", "Queue timeout"
+    NO_TARGET = "no_target", "No target"
+    INTERRUPTED = "interrupted", "Interrupted"
+    CLIENT_GONE = "client_gone", "Client gone"
+
+
+class RoutingRecord(models.Model):
+    """One routed request: where it went, why, how long it took; never its content."""
+
+    request_id = models.CharField(max_length=32, unique=True)
+    # No separate index: the (pool, created_at) index below serves lookups by pool, and one
+    # index fewer keeps the batched inserts cheap.
+    pool = models.ForeignKey(
+        Pool, related_name="routing_records", on_delete=models.CASCADE, db_index=False
+    )
+    # The client token's id, never its secret; no foreign key, so an insert checks nothing and a
+    # revoked or deleted token keeps its history.
+    token_id = models.BigIntegerField(null=True, blank=True)
+    token_name = models.CharField(max_length=100, blank=True)
+    kind = models.CharField(max_length=16, choices=RequestKind.choices)
+    target = models.ForeignKey(
+        Target,
+        related_name="routing_records",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+    )
+    # Kept when the target is deleted, so old records still say where they went.
+    target_name = models.CharField(max_length=100, blank=True)
+    outcome = models.CharField(max_length=16, choices=RoutingOutcome.choices)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    failure_reason = models.TextField(blank=True)
+    attempts = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Each attempt: target_id, target_name, phase, status, retried, reason.",
+    )
+    decision = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The explanation: ranking with its factors, skipped targets, continuity.",
+    )
+    queue_wait_ms = models.FloatField(default=0.0)
+    ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first output.")
+    total_ms = models.FloatField(default=0.0)
+    stream = models.BooleanField(default=False)
+    # When the request arrived, set by the gateway: not auto_now_add, which would stamp the time of
+    # the batched insert instead.
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["pool", "-created_at"], name="routing_pool_created"),
+            models.Index(fields=["outcome", "-created_at"], name="routing_outcome_created"),
+            models.Index(fields=["token_id", "-created_at"], name="routing_token_created"),
+        ]
+
+    def __str__(self) -> str:
+        return self.request_id

@@ -1,4 +1,4 @@
-"""Admin API representations of pools and targets; target credentials are write-only."""
+"""Admin API representations of pools, targets and routing history; credentials write-only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 
 from nexus.models import ApiToken
-from pools.models import Pool, RequestKind, Target
+from pools.models import Pool, RequestKind, RoutingOutcome, RoutingRecord, Target
 
 SLUG_IMMUTABLE = "A pool's slug cannot change: apps call it as @pool/<slug>."
 
@@ -121,3 +121,57 @@ class PoolSerializer(serializers.ModelSerializer):
         if self.instance is not None and slug != self.instance.slug:
             raise serializers.ValidationError(SLUG_IMMUTABLE)
         return slug
+
+
+class RoutingRecordSerializer(serializers.ModelSerializer):
+    """One routed request as listed: where it went and how it ended, without the explanation."""
+
+    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # A plain string in the schema: as a choice field it would name RequestKind's choices a second
+    # time (beside Target.kinds), which drf-spectacular warns about.
+    kind = serializers.CharField(
+        read_only=True, help_text="The request kind: chat, completions or embeddings."
+    )
+
+    class Meta:
+        model = RoutingRecord
+        fields = [
+            "request_id",
+            "created_at",
+            "pool",
+            "kind",
+            "stream",
+            "token_id",
+            "token_name",
+            "target",
+            "target_name",
+            "outcome",
+            "status_code",
+            "failure_reason",
+            "queue_wait_ms",
+            "ttft_ms",
+            "total_ms",
+            "attempts",
+        ]
+        read_only_fields = fields
+
+
+class RoutingRecordDetailSerializer(RoutingRecordSerializer):
+    """One routed request with the balancer's full explanation of its decision."""
+
+    class Meta(RoutingRecordSerializer.Meta):
+        fields = [*RoutingRecordSerializer.Meta.fields, "decision"]
+        read_only_fields = fields
+
+
+class HistoryFilterSerializer(serializers.Serializer):
+    """The history list's query parameters, checked before they reach the database."""
+
+    pool = serializers.SlugField(required=False, help_text="Only requests to this pool (slug).")
+    target = serializers.IntegerField(required=False, help_text="Only requests to this target id.")
+    outcome = serializers.ChoiceField(
+        choices=RoutingOutcome.choices, required=False, help_text="Only requests with this outcome."
+    )
+    token = serializers.IntegerField(required=False, help_text="Only requests with this token id.")
+    since = serializers.DateTimeField(required=False, help_text="Only requests from this time on.")
+    until = serializers.DateTimeField(required=False, help_text="Only requests before this time.")

@@ -10,5 +10,6 @@ router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
 router.register("pools", views.PoolViewSet, basename="pool")
 router.register("targets", views.TargetViewSet, basename="target")
+router.register("history", views.HistoryViewSet, basename="history")
 
 urlpatterns = router.urls

@@ -1,4 +1,4 @@
-"""Admin API for pools (by slug) and their targets (flat, filtered by `?pool=<slug>`)."""
+"""Admin API for pools (by slug), their targets (flat, `?pool=<slug>`) and routing history."""
 
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import viewsets
 
-from pools.api.serializers import PoolSerializer, TargetSerializer, visible_pools
-from pools.models import Pool, Target
+from pools.api.serializers import (
+    HistoryFilterSerializer,
+    PoolSerializer,
+    RoutingRecordDetailSerializer,
+    RoutingRecordSerializer,
+    TargetSerializer,
+    visible_pools,
+)
+from pools.models import Pool, RoutingRecord, Target
 
 
 class PoolViewSet(viewsets.ModelViewSet):
@@ -37,3 +44,37 @@ class TargetViewSet(viewsets.ModelViewSet):
         if pool := self.request.query_params.get("pool"):
             targets = targets.filter(pool__slug=pool)
         return targets
+
+
+@extend_schema_view(list=extend_schema(parameters=[HistoryFilterSerializer]))
+class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
+    """Routing history, newest first; one record, by request id, carries the full decision."""
+
+    lookup_field = "request_id"
+
+    def get_serializer_class(self) -> type[RoutingRecordSerializer]:
+        if self.action == "retrieve":
+            return RoutingRecordDetailSerializer
+        return RoutingRecordSerializer
+
+    def get_queryset(self) -> QuerySet[RoutingRecord]:
+        records = RoutingRecord.objects.filter(pool__in=visible_pools(self.request))
+        records = records.select_related("pool").order_by("-created_at", "-id")
+        if self.action != "list":
+            return records
+        filters = HistoryFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        wanted = filters.validated_data
+        if "pool" in wanted:
+            records = records.filter(pool__slug=wanted["pool"])
+        if "target" in wanted:
+            records = records.filter(target_id=wanted["target"])
+        if "outcome" in wanted:
+            records = records.filter(outcome=wanted["outcome"])
+        if "token" in wanted:
+            records = records.filter(token_id=wanted["token"])
+        if "since" in wanted:
+            records = records.filter(created_at__gte=wanted["since"])
+        if "until" in wanted:
+            records = records.filter(created_at__lt=wanted["until"])
+        return records
