@@ -1,0 +1,249 @@
+"""Passive health: a circuit breaker per target, fed by real request outcomes; latency EWMAs.
+
+Per target the circuit is closed (takes traffic), open (ejected for a cooldown) or half-open (the
+cooldown is over and one trial request may go). Nothing is cached: every answer is computed from
+the recorded facts and the `now` passed in, so a change takes effect on the very next call.
+
+How the gateway uses it: the snapshot reads `circuit_open()` and `error_rate()` (no side
+effect); only for the target it actually picked does it call `allow()`, which claims the
+half-open trial. Every request sent to a target ends with `record()`, or with `abandon()` when
+it ended without a verdict (the client left), so a trial is never left claimed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class CircuitState(StrEnum):
+    """A target's passive health; the values compare equal to the plain strings."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """When to eject a target and for how long."""
+
+    consecutive_failures_to_eject: int = 3
+    # Ejects when failures / outcomes >= this, over the last `window` outcomes, once there are at
+    # least `min_samples` of them (fewer say too little about the rate).
+    error_rate_threshold: float = 0.5
+    window: int = 20
+    min_samples: int = 10
+    base_cooldown_s: float = 5.0
+    max_cooldown_s: float = 120.0
+    cooldown_growth: float = 2.0  # each ejection without a recovery in between multiplies it
+    # Successes in a row after closing that forgive past ejections (the next one starts at base).
+    successes_to_forgive: int = 5
+    # A claimed trial with no verdict after this long is presumed lost and another may go. A
+    # backstop only: the gateway records or abandons every request it sends.
+    trial_timeout_s: float = 60.0
+
+    def cooldown_s(self, ejections: int) -> float:
+        """Return how long the `ejections`-th ejection in a row lasts."""
+        # The exponent is capped so a long outage cannot overflow the float.
+        growth = self.cooldown_growth ** min(max(ejections - 1, 0), 64)
+        return min(self.max_cooldown_s, self.base_cooldown_s * growth)
+
+
+@dataclass(slots=True)
+class _Circuit:
+    outcomes: deque[bool]  # True = ok, newest last
+    consecutive_failures: int = 0
+    successes_since_close: int = 0
+    ejections: int = 0  # in a row; sets the next cooldown
+    open_until: float | None = None  # None: closed; past it: half-open
+    cause: str = ""
+    trial_since: float | None = None  # when the in-flight half-open trial was claimed
+    probe_failing: bool = False
+
+
+@dataclass(slots=True)
+class PassiveHealth:
+    """Keep each target's circuit from request outcomes and active probe verdicts."""
+
+    policy: HealthPolicy = field(default_factory=HealthPolicy)
+    _circuits: dict[int, _Circuit] = field(default_factory=dict, init=False, repr=False)
+
+    def record(self, target_id: int, ok: bool, now: float) -> None:
+        """Record the outcome of a request sent to the target."""
+        circuit = self._circuit(target_id)
+        circuit.outcomes.append(ok)
+        state = self._passive_state(circuit, now)
+        if state is CircuitState.OPEN:
+            # Requests sent before the ejection are still finishing; they tell nothing about
+            # how the target does now, and must not stretch or cut the cooldown.
+            return
+        if state is CircuitState.HALF_OPEN:
+            # The first verdict after the cooldown decides, whether from the trial or from a
+            # request sent earlier that only now finished.
+            circuit.trial_since = None
+            if ok:
+                self._close(circuit)
+            else:
+                self._eject(circuit, now, "the half-open trial failed")
+            return
+        if ok:
+            circuit.consecutive_failures = 0
+            circuit.successes_since_close += 1
+            if circuit.successes_since_close >= self.policy.successes_to_forgive:
+                circuit.ejections = 0
+            return
+        circuit.consecutive_failures += 1
+        circuit.successes_since_close = 0
+        if circuit.consecutive_failures >= self.policy.consecutive_failures_to_eject:
+            self._eject(circuit, now, f"{circuit.consecutive_failures} consecutive failures")
+            return
+        samples = len(circuit.outcomes)
+        if samples >= self.policy.min_samples:
+            rate = circuit.outcomes.count(False) / samples
+            if rate >= self.policy.error_rate_threshold:
+                self._eject(circuit, now, f"{rate:.0%} of the last {samples} requests failed")
+
+    def record_probe(self, target_id: int, healthy: bool, now: float) -> None:
+        """Apply the active health checker's verdict (after its own thresholds, not per probe).
+
+        An unhealthy verdict holds the target open, whatever its requests say, until a healthy
+        one. The healthy verdict that ends the hold leaves a closed target half-open: one trial
+        request proves it serves before it gets full traffic. A passive ejection keeps its
+        cooldown either way.
+        """
+        circuit = self._circuit(target_id)
+        if not healthy:
+            circuit.probe_failing = True
+            return
+        if circuit.probe_failing:
+            circuit.probe_failing = False
+            # A passive ejection still in force keeps its own cooldown: the probe checks a
+            # health endpoint, the requests checked real inference.
+            if circuit.open_until is None:
+                circuit.open_until = now
+                circuit.cause = "the active probe failed"
+
+    def abandon(self, target_id: int) -> None:
+        """End a request that gave no verdict (the client left): free the trial it may hold."""
+        circuit = self._circuits.get(target_id)
+        if circuit is not None:
+            circuit.trial_since = None
+
+    def forget(self, target_id: int) -> None:
+        """Drop everything known about a removed target."""
+        self._circuits.pop(target_id, None)
+
+    def state(self, target_id: int, now: float) -> CircuitState:
+        """Return the target's circuit state at `now`."""
+        circuit = self._circuits.get(target_id)
+        if circuit is None:
+            return CircuitState.CLOSED
+        if circuit.probe_failing:
+            return CircuitState.OPEN
+        return self._passive_state(circuit, now)
+
+    def circuit_open(self, target_id: int, now: float) -> bool:
+        """Return whether the target may not take a new request now (for the snapshot)."""
+        state = self.state(target_id, now)
+        if state is CircuitState.HALF_OPEN:
+            return self._trial_in_flight(self._circuits[target_id], now)
+        return state is CircuitState.OPEN
+
+    def allow(self, target_id: int, now: float) -> bool:
+        """Return whether a request may go to the target now; in half-open, claim the trial."""
+        state = self.state(target_id, now)
+        if state is CircuitState.CLOSED:
+            return True
+        if state is CircuitState.OPEN:
+            return False
+        circuit = self._circuits[target_id]
+        if self._trial_in_flight(circuit, now):
+            return False
+        circuit.trial_since = now
+        return True
+
+    def error_rate(self, target_id: int) -> float:
+        """Return the share of failures among the recent outcomes since the last recovery."""
+        circuit = self._circuits.get(target_id)
+        if circuit is None or not circuit.outcomes:
+            return 0.0
+        return circuit.outcomes.count(False) / len(circuit.outcomes)
+
+    def open_until(self, target_id: int) -> float | None:
+        """Return when the current ejection's cooldown ends, or None when not ejected."""
+        circuit = self._circuits.get(target_id)
+        return None if circuit is None else circuit.open_until
+
+    def explain(self, target_id: int, now: float) -> str | None:
+        """Return why the target takes no new request now, for the history; None if it does."""
+        circuit = self._circuits.get(target_id)
+        if circuit is None:
+            return None
+        if circuit.probe_failing:
+            return "the active probe reports it unhealthy"
+        state = self._passive_state(circuit, now)
+        if state is CircuitState.OPEN:
+            assert circuit.open_until is not None
+            left = circuit.open_until - now
+            return f"circuit open: {circuit.cause}; half-open trial in {left:.1f} s"
+        if state is CircuitState.HALF_OPEN and self._trial_in_flight(circuit, now):
+            return f"half-open after {circuit.cause}: a trial request is in flight"
+        return None
+
+    def _circuit(self, target_id: int) -> _Circuit:
+        circuit = self._circuits.get(target_id)
+        if circuit is None:
+            circuit = self._circuits[target_id] = _Circuit(deque(maxlen=self.policy.window))
+        return circuit
+
+    @staticmethod
+    def _passive_state(circuit: _Circuit, now: float) -> CircuitState:
+        if circuit.open_until is None:
+            return CircuitState.CLOSED
+        if now < circuit.open_until:
+            return CircuitState.OPEN
+        return CircuitState.HALF_OPEN
+
+    def _trial_in_flight(self, circuit: _Circuit, now: float) -> bool:
+        started = circuit.trial_since
+        return started is not None and now - started < self.policy.trial_timeout_s
+
+    def _eject(self, circuit: _Circuit, now: float, cause: str) -> None:
+        circuit.ejections += 1
+        circuit.open_until = now + self.policy.cooldown_s(circuit.ejections)
+        circuit.cause = cause
+        circuit.consecutive_failures = 0
+        circuit.successes_since_close = 0
+        circuit.trial_since = None
+
+    @staticmethod
+    def _close(circuit: _Circuit) -> None:
+        # A fresh window after a proven recovery: the failures that caused the ejection must
+        # not eject the target again on its next single failure. `ejections` stays until
+        # enough successes forgive it, so a flapping target's cooldowns keep growing.
+        circuit.open_until = None
+        circuit.cause = ""
+        circuit.outcomes.clear()
+        circuit.consecutive_failures = 0
+        circuit.successes_since_close = 0
+
+
+@dataclass(slots=True)
+class LatencyStats:
+    """Exponentially weighted averages of one target's time to first token and per token."""
+
+    alpha: float = 0.2  # weight of the newest sample
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def record(self, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+        """Fold in a finished request's timings; pass None for one it did not measure."""
+        if ttft_s is not None:
+            self.ttft_s = ttft_s if self.ttft_s is None else self._blend(self.ttft_s, ttft_s)
+        if tpot_s is not None:
+            self.tpot_s = tpot_s if self.tpot_s is None else self._blend(self.tpot_s, tpot_s)
+
+    def _blend(self, average: float, sample: float) -> float:
+        return average + self.alpha * (sample - average)
