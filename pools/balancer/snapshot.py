@@ -1,0 +1,153 @@
+"""The balancer's inputs and its decision: frozen values, no behaviour beyond serialising."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class SkipReason(StrEnum):
+    """Why a target was not ranked; the values are shown to operators as they are."""
+
+    DISABLED = "disabled"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    UNHEALTHY = "unhealthy"
+    CIRCUIT_OPEN = "circuit open"
+    INCOMPATIBLE = "incompatible"
+    ALREADY_TRIED = "already tried"
+    FULL = "full"
+
+
+class DrainState(StrEnum):
+    """Where a target stands in draining: draining takes no new requests, drained has none left."""
+
+    ACTIVE = "active"
+    DRAINING = "draining"
+    DRAINED = "drained"
+
+
+class Health(StrEnum):
+    """The active probes' view of a target."""
+
+    HEALTHY = "healthy"
+    # The latest probe failed but the failure threshold is not exceeded yet: still routable,
+    # ranked after every healthy target of its tier.
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """One target of a pool as the balancer sees it at the moment of a decision."""
+
+    id: int
+    name: str
+    priority: int  # the tier: 1 is primary
+    capacity: int  # concurrency limit and share within the tier, at least 1
+    position: int  # configured order, for round robin and ties
+    kinds: frozenset[str]
+    model_id: str
+    enabled: bool = True
+    drain: DrainState = DrainState.ACTIVE
+    health: Health = Health.HEALTHY
+    circuit_open: bool = False  # passive ejection in force right now
+    in_flight: int = 0  # requests Nexus has on it (the ledger's count)
+    engine_running: int | None = None  # from the engine's /metrics, None when unknown or stale
+    engine_waiting: int | None = None
+    ttft_s: float | None = None  # EWMA of time to first token, None when no sample yet
+    tpot_s: float | None = None  # EWMA of time per output token
+    error_rate: float = 0.0  # recent share of failed requests, 0..1
+    warm: bool = False  # served a request recently or reports the model loaded
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPolicy:
+    """The pool settings a decision depends on."""
+
+    strategy: str  # a pools.models.Strategy value
+    continuity_enabled: bool = True
+    continuity_threshold: float = 0.25  # how much worse (score) the sticky target may be
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What the gateway knows about the request that matters for routing."""
+
+    kind: str  # "chat" | "completions" | "embeddings"
+    sticky_target_id: int | None = None  # the target this conversation used last
+    prefix_target_id: int | None = None  # a target that recently served the same prompt prefix
+
+
+@dataclass(frozen=True, slots=True)
+class Factor:
+    """One term of a target's score, or a note on its ranking."""
+
+    name: str
+    value: float
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """A candidate of the chosen tier with its score (lower is better) and how it was reached."""
+
+    target_id: int
+    name: str
+    score: float
+    factors: tuple[Factor, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A target that was not a candidate, and why."""
+
+    target_id: int
+    name: str
+    reason: SkipReason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request goes, and the explanation kept in its history."""
+
+    target_id: int | None  # None: nothing eligible has room (see all_full) or nothing eligible
+    tier: int | None  # the tier the ranking comes from; None when no target was chosen
+    ranking: tuple[Ranked, ...]  # candidates of the chosen tier, best first
+    # Every target of the chosen tier and of lower-numbered tiers that is not ranked; targets of
+    # higher-numbered tiers are not considered at all and appear in neither list.
+    skipped: tuple[Skipped, ...]
+    all_full: bool  # eligible targets exist but all are full: the caller queues
+    continuity: str  # "none" | "kept" | "yielded: <why>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the decision as JSON-ready data, for history and the dry-run API."""
+        return {
+            "target_id": self.target_id,
+            "tier": self.tier,
+            "all_full": self.all_full,
+            "continuity": self.continuity,
+            "ranking": [
+                {
+                    "target_id": ranked.target_id,
+                    "name": ranked.name,
+                    "score": round(ranked.score, 4),
+                    "factors": [
+                        {"name": factor.name, "value": round(factor.value, 4), "note": factor.note}
+                        for factor in ranked.factors
+                    ],
+                }
+                for ranked in self.ranking
+            ],
+            "skipped": [
+                {
+                    "target_id": skip.target_id,
+                    "name": skip.name,
+                    "reason": skip.reason.value,
+                    "detail": skip.detail,
+                }
+                for skip in self.skipped
+            ],
+        }
