@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import httpx
 from django.db import transaction
+from django.utils import timezone
 
-from pools.models import Pool, Target
+from nexus.models import ConfigVersion
+from pools import live
+from pools.models import Pool, Target, TargetState
 
 
 def pool_slugs() -> set[str]:
@@ -63,3 +67,50 @@ def ensure_demo_pool(ports: Sequence[int]) -> tuple[Pool, bool]:
             position=position,
         )
     return pool, True
+
+
+class CannotResume(Exception):
+    """A target may return to service only when it answers again."""
+
+
+def drain_target(target: Target) -> Target:
+    """Stop new assignments to the target; it becomes drained when nothing is in flight."""
+    if target.state == TargetState.ACTIVE:
+        target.state = TargetState.DRAINING
+        target.state_changed_at = timezone.now()
+        target.save(update_fields=["state", "state_changed_at", "updated_at"])
+    return target
+
+
+def mark_drained(target_ids: list[int]) -> int:
+    """Mark these draining targets drained (the gateway saw none of their requests left)."""
+    changed = Target.objects.filter(pk__in=target_ids, state=TargetState.DRAINING).update(
+        state=TargetState.DRAINED, state_changed_at=timezone.now()
+    )
+    if changed:
+        # update() sends no signals: announce the change to every gateway and page ourselves.
+        ConfigVersion.bump()
+        transaction.on_commit(live.pools_changed, robust=True)
+    return changed
+
+
+def resume_target(target: Target, *, timeout_s: float = 3.0) -> Target:
+    """Return a draining or drained target to service, once it answers its model list again."""
+    if target.state == TargetState.ACTIVE:
+        return target
+    headers = {}
+    if credential := target.get_credential():
+        headers["Authorization"] = f"Bearer {credential}"
+    url = target.base_url.rstrip("/") + "/models"
+    try:
+        response = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise CannotResume(
+            f"{target.name} does not answer at {url}: {type(exc).__name__}"
+        ) from None
+    if response.status_code != 200:
+        raise CannotResume(f"{target.name} answers {url} with {response.status_code}")
+    target.state = TargetState.ACTIVE
+    target.state_changed_at = timezone.now()
+    target.save(update_fields=["state", "state_changed_at", "updated_at"])
+    return target

@@ -1,7 +1,8 @@
-"""The gateway's ASGI app for /v1: authenticate, pick a target, relay the answer as it arrives.
+"""The gateway's ASGI app for /v1: authenticate, parse, and hand the request to the balancer.
 
 This is the hot path. It reads only the in-memory snapshot (no database query per request),
-parses the JSON body once, and relays upstream bytes chunk by chunk without buffering.
+parses the JSON body once, and relays upstream bytes chunk by chunk without buffering
+(pools.gateway.flight does the routing, retries and relaying).
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import aiohttp
-import httpx
 from django.conf import settings
 
-from nexus import upstream
-from pools.balancer.strategies import round_robin
+from pools.balancer.continuity import continuity_key, prefix_fingerprint
+from pools.balancer.snapshot import RequestFacts
 from pools.gateway import errors
 from pools.gateway.errors import GatewayError
+from pools.gateway.flight import Flight, Router
 from pools.gateway.registry import Registry
-from pools.gateway.snapshot import PoolEntry, Snapshot, TargetEntry, TokenEntry
+from pools.gateway.snapshot import PoolEntry, Snapshot, TokenEntry
+from pools.gateway.state import GatewayState
 from pools.models import POOL_MODEL_PREFIX
 
 Scope = MutableMapping[str, Any]
@@ -39,12 +40,10 @@ ROUTES: dict[str, str] = {
     "/v1/embeddings": "embeddings",
 }
 JSON_HEADERS = [(b"content-type", b"application/json")]
-# Upstream response headers worth relaying; hop-by-hop ones (transfer-encoding...) are not.
-RELAYED_HEADERS = frozenset(
-    {b"content-type", b"content-length", b"content-encoding", b"cache-control", b"retry-after"}
+# Request headers the balancer reads (continuity keys, the client's queue deadline).
+ROUTING_HEADERS = frozenset(
+    {b"x-nexus-session-id", b"x-msty-nexus-session-id", b"x-nexus-queue-timeout"}
 )
-# A non-streaming answer up to this size is sent to the client in one piece.
-WHOLE_BODY_MAX_BYTES = 1024 * 1024
 # Request ids: a random per-process half and a counter, unique across processes, cheaper
 # than uuid4 per request.
 _REQUEST_ID_PREFIX = secrets.token_hex(8)
@@ -63,10 +62,30 @@ class ClientGone(Exception):
 class Gateway:
     """The raw ASGI application serving /v1/*."""
 
-    def __init__(self, registry: Registry | None = None):
+    def __init__(self, registry: Registry | None = None, state: GatewayState | None = None):
         self.registry = registry or Registry()
         self.max_body_bytes: int = settings.NEXUS_MAX_BODY_BYTES
-        self._turns: dict[int, int] = {}
+        self._state = state
+        self._router: Router | None = None
+
+    @property
+    def state(self) -> GatewayState:
+        """Return the process's live state, built in the server's event loop on first use."""
+        if self._state is None:
+            self._state = GatewayState()
+        return self._state
+
+    def router(self) -> Router:
+        if self._router is None:
+            self._router = Router(self.state)
+            self.state.start(self.registry)
+        return self._router
+
+    async def aclose(self) -> None:
+        """Stop background work and write buffered history (at shutdown, and in tests)."""
+        if self._state is not None:
+            await self._state.aclose()
+        await self.registry.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = new_request_id()
@@ -96,9 +115,73 @@ class Gateway:
         token = self._authenticate(scope, snapshot)
         payload = self._parse(await self._read_body(scope, receive))
         pool = self._pool_for(payload, token, snapshot)
-        target = self._choose(pool, kind)
-        payload["model"] = target.model_id
-        await self._relay(receive, send, request_id, target, kind, payload)
+        flight = self._flight(scope, request_id, token, pool, kind, payload)
+        await self._with_disconnect_watch(receive, self.router().fly(send, flight))
+
+    def _flight(
+        self,
+        scope: Scope,
+        request_id: str,
+        token: TokenEntry,
+        pool: PoolEntry,
+        kind: str,
+        payload: dict[str, Any],
+    ) -> Flight:
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in ROUTING_HEADERS
+        }
+        now = time.monotonic()
+        wait_s = pool.max_queue_wait_s
+        if (raw := headers.get("x-nexus-queue-timeout")) is not None:
+            # The client may ask to wait less than the pool allows, never more.
+            wait_s = min(_seconds(raw), wait_s)
+        session_key = prefix_key = None
+        sticky = prefix_target = None
+        if pool.policy.continuity_enabled:
+            state = self.state
+            session_key = continuity_key(pool.slug, headers, payload)
+            prefix_key = prefix_fingerprint(pool.slug, payload, kind)
+            sticky = state.sessions.get(session_key, now) if session_key else None
+            prefix_target = state.prefixes.get(prefix_key, now) if prefix_key else None
+        return Flight(
+            request_id=request_id,
+            token=token,
+            pool=pool,
+            kind=kind,
+            payload=payload,
+            stream=payload.get("stream") is True,
+            deadline=now + wait_s,
+            session_key=session_key,
+            prefix_key=prefix_key,
+            facts=RequestFacts(kind=kind, sticky_target_id=sticky, prefix_target_id=prefix_target),
+            started=now,
+        )
+
+    @staticmethod
+    async def _with_disconnect_watch(receive: Receive, work: Awaitable[None]) -> None:
+        """Run the routing; a client disconnect cancels it, and with it the upstream request."""
+        task = asyncio.current_task()
+        assert task is not None
+        disconnected = False
+
+        async def watch_disconnect() -> None:
+            nonlocal disconnected
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected = True
+            task.cancel()
+
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+            task.uncancel()
+        finally:
+            watcher.cancel()
 
     def _authenticate(self, scope: Scope, snapshot: Snapshot) -> TokenEntry:
         header = b""
@@ -163,102 +246,6 @@ class Gateway:
             raise errors.pool_forbidden(model)
         return pool
 
-    def _choose(self, pool: PoolEntry, kind: str) -> TargetEntry:
-        candidates = [target for target in pool.targets if kind in target.kinds]
-        if not candidates:
-            raise errors.no_target(pool.slug, kind)
-        turn = self._turns.get(pool.id, 0)
-        self._turns[pool.id] = turn + 1
-        return round_robin(candidates, turn)
-
-    async def _relay(
-        self,
-        receive: Receive,
-        send: Send,
-        request_id: str,
-        target: TargetEntry,
-        kind: str,
-        payload: dict[str, Any],
-    ) -> None:
-        """Forward to the target; a client disconnect cancels the upstream request at once."""
-        task = asyncio.current_task()
-        assert task is not None
-        disconnected = False
-
-        async def watch_disconnect() -> None:
-            nonlocal disconnected
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            disconnected = True
-            task.cancel()
-
-        watcher = asyncio.create_task(watch_disconnect())
-        try:
-            await self._forward(send, request_id, target, kind, payload)
-        except asyncio.CancelledError:
-            if not disconnected:
-                raise
-            task.uncancel()
-        finally:
-            watcher.cancel()
-
-    async def _forward(
-        self,
-        send: Send,
-        request_id: str,
-        target: TargetEntry,
-        kind: str,
-        payload: dict[str, Any],
-    ) -> None:
-        headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
-        # The client's own Authorization never travels on; the target's credential does.
-        if target.authorization is not None:
-            headers.append((b"authorization", target.authorization.encode()))
-        request = httpx.Request(
-            "POST", target.urls[kind], headers=headers, content=json.dumps(payload).encode()
-        )
-        try:
-            response = await upstream.get().send(request)
-        except httpx.HTTPError as exc:
-            raise _upstream_failure(exc, target) from None
-        try:
-            await self._relay_response(send, request_id, target, response)
-        finally:
-            await response.aclose()
-
-    async def _relay_response(
-        self, send: Send, request_id: str, target: TargetEntry, response: httpx.Response
-    ) -> None:
-        headers = [
-            (name, value) for name, value in response.headers.raw if name.lower() in RELAYED_HEADERS
-        ]
-        headers.append((b"x-nexus-request-id", request_id.encode()))
-        headers.append((b"x-nexus-target", target.name.encode()))
-        start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
-        length = response.headers.get("content-length", "")
-        if not is_sse and length.isdigit() and int(length) <= WHOLE_BODY_MAX_BYTES:
-            # One JSON document: read it and answer in one piece (fewer writes, same latency).
-            # Raw bytes: the body keeps its content-encoding, which is relayed with it.
-            try:
-                body = b"".join([chunk async for chunk in response.aiter_raw()])
-            except httpx.HTTPError as exc:
-                raise _upstream_failure(exc, target) from None
-            await send(start)
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-            return
-        await send(start)
-        try:
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
-            # Output already reached the client: no retry; end the stream with an error.
-            if is_sse:
-                failure = _upstream_failure(exc, target)
-                event = b"data: " + _stream_error(target, failure) + b"\n\n"
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
     def _model_list(self, snapshot: Snapshot, token: TokenEntry) -> dict[str, Any]:
         return {
             "object": "list",
@@ -283,6 +270,16 @@ class Gateway:
         await _send_bytes(send, error.status, error.body(), request_id, error.headers)
 
 
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise errors.invalid_queue_timeout(raw) from None
+    if not value >= 0:  # also refuses NaN
+        raise errors.invalid_queue_timeout(raw)
+    return value
+
+
 async def _send_bytes(
     send: Send,
     status: int,
@@ -298,19 +295,3 @@ async def _send_bytes(
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _upstream_failure(exc: httpx.HTTPError, target: TargetEntry) -> GatewayError:
-    """Classify a transport failure; the aiohttp transport's own mapping is too coarse."""
-    cause = exc.__cause__
-    timed_out = isinstance(cause, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)) or (
-        cause is None and isinstance(exc, httpx.TimeoutException)
-    )
-    if timed_out:
-        return errors.target_timeout(target.name)
-    return errors.target_unreachable(target.name)
-
-
-def _stream_error(target: TargetEntry, failure: GatewayError) -> bytes:
-    message = f"The stream from target '{target.name}' broke off: {failure.message}"
-    return errors.error_body(message, "server_error", "stream_interrupted")

@@ -103,12 +103,39 @@ def body_too_large(limit: int) -> GatewayError:
     )
 
 
-def no_target(slug: str, kind: str) -> GatewayError:
+def no_target(slug: str, kind: str, skipped: list[str]) -> GatewayError:
+    reasons = f": {'; '.join(skipped)}" if skipped else " (it has no targets)"
     return GatewayError(
         503,
-        f"Pool '{slug}' has no enabled target that serves {kind} requests.",
+        f"Pool '{slug}' has no target that can take this {kind} request now{reasons}.",
         code="no_target_available",
         error_type="server_error",
+    )
+
+
+def queue_full(slug: str, reason: str, retry_after_s: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"Pool '{slug}' is busy and cannot queue this request ({reason}); retry after"
+        f" {retry_after_s} s.",
+        code="queue_full",
+        error_type="rate_limit_error",
+        headers=((b"retry-after", str(retry_after_s).encode()),),
+    )
+
+
+def queue_timeout(slug: str, waited_s: float) -> GatewayError:
+    return GatewayError(
+        503,
+        f"Pool '{slug}' had no free target within {waited_s:.1f} s of queueing.",
+        code="queue_timeout",
+        error_type="server_error",
+    )
+
+
+def invalid_queue_timeout(value: str) -> GatewayError:
+    return invalid_body(
+        f"X-Nexus-Queue-Timeout must be a number of seconds, not {value!r}.", param=None
     )
 
 
@@ -118,6 +145,15 @@ def target_unreachable(target: str) -> GatewayError:
         f"Target '{target}' could not be reached.",
         code="target_unreachable",
         error_type="server_error",
+    )
+
+
+def target_refused(target: str, status: int) -> GatewayError:
+    return GatewayError(
+        status,
+        f"Target '{target}' refused the request with {status}, and no other target could take it.",
+        code="target_refused",
+        error_type="rate_limit_error" if status == 429 else "server_error",
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import httpx
 
 from nexus.models import ApiToken, ConfigVersion
+from pools.balancer.snapshot import DrainState, PoolPolicy
 from pools.models import Pool, Target
 
 
@@ -31,6 +32,11 @@ class TargetEntry:
     kinds: frozenset[str]
     authorization: str | None  # the full header value, e.g. "Bearer sk-..."
     urls: dict[str, httpx.URL]  # by request kind, parsed once per snapshot
+    priority: int
+    capacity: int
+    position: int
+    enabled: bool
+    drain: DrainState
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +45,15 @@ class PoolEntry:
     slug: str
     name: str
     created: int
-    targets: tuple[TargetEntry, ...]
+    targets: tuple[TargetEntry, ...]  # disabled and draining ones too: decisions explain them
+    policy: PoolPolicy
+    max_queue: int
+    max_queue_wait_s: float
+    max_attempts: int
+
+    def target(self, target_id: int) -> TargetEntry:
+        """Return the pool's target with this id."""
+        return next(target for target in self.targets if target.id == target_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +85,11 @@ def _target_entry(target: Target) -> TargetEntry:
         kinds=frozenset(target.kinds),
         authorization=f"Bearer {credential}" if credential else None,
         urls={kind: httpx.URL(base_url + path) for kind, path in KIND_PATHS.items()},
+        priority=target.priority,
+        capacity=target.capacity_weight,
+        position=target.position,
+        enabled=target.enabled,
+        drain=DrainState(target.state),
     )
 
 
@@ -92,7 +111,6 @@ def load_snapshot() -> Snapshot:
         targets = tuple(
             _target_entry(target)
             for target in sorted(pool.targets.all(), key=lambda t: (t.priority, t.position, t.pk))
-            if target.enabled
         )
         pools[pool.slug] = PoolEntry(
             id=pool.pk,
@@ -100,6 +118,14 @@ def load_snapshot() -> Snapshot:
             name=pool.name,
             created=int(pool.created_at.timestamp()),
             targets=targets,
+            policy=PoolPolicy(
+                strategy=pool.strategy,
+                continuity_enabled=pool.continuity_enabled,
+                continuity_threshold=pool.continuity_threshold,
+            ),
+            max_queue=pool.max_queue,
+            max_queue_wait_s=pool.max_queue_wait_s,
+            max_attempts=pool.max_attempts,
         )
     return Snapshot(version=version, tokens=tokens, pools=pools)
 

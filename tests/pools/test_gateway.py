@@ -66,7 +66,7 @@ def world(committed_db, django_db_blocker, tmp_path_factory) -> Iterator[World]:
         running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=0, api_key="sk-engine") as locked,
     ):
         with django_db_blocker.unblock():
-            demo = Pool.objects.create(name="Demo", slug="demo")
+            demo = Pool.objects.create(name="Demo", slug="demo", strategy="round_robin")
             _target(demo, "fast-a", fast)
             _target(demo, "fast-b", fast, kinds=["chat", "completions"])
             other = Pool.objects.create(name="Other", slug="other")
@@ -171,7 +171,7 @@ def test_it_sends_embeddings_only_to_targets_that_serve_them(world: World) -> No
     assert targets == {"fast-a"}
 
 
-def test_it_takes_turns_between_the_pool_targets(world: World) -> None:
+def test_it_takes_turns_between_the_targets_of_a_round_robin_pool(world: World) -> None:
     body = {"model": "@pool/demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
     targets = [world.post("/chat/completions", body).headers["x-nexus-target"] for _ in range(4)]

@@ -1,0 +1,427 @@
+"""One request's way through the balancer: decide, queue, claim a slot, forward, retry, record.
+
+Every failure is classified by the phase it happened in (pools.balancer.retry): only a connect
+failure or a refusal (429/502/503/504) before any byte reached the client moves to another
+target, within the pool's attempts and the retry budget. Every acquired slot is released exactly
+once, whatever ends the attempt (success, failure, client gone, cancellation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+
+from nexus import upstream
+from pools.balancer.queue import QueueFull, QueueTimeout
+from pools.balancer.retry import FailurePhase, classify, is_target_fault, may_retry
+from pools.balancer.snapshot import Decision, RequestFacts
+from pools.balancer.strategies import decide
+from pools.gateway import errors, metrics
+from pools.gateway.errors import GatewayError
+from pools.gateway.history import AttemptRow, HistoryRow
+from pools.gateway.ledger import Lease
+from pools.gateway.snapshot import PoolEntry, TargetEntry, TokenEntry
+from pools.gateway.state import GatewayState
+from pools.models import RoutingOutcome
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+# Upstream response headers worth relaying; hop-by-hop ones (transfer-encoding...) are not.
+RELAYED_HEADERS = frozenset(
+    {b"content-type", b"content-length", b"content-encoding", b"cache-control", b"retry-after"}
+)
+# A non-streaming answer up to this size is sent to the client in one piece.
+WHOLE_BODY_MAX_BYTES = 1024 * 1024
+REFUSED_STATUSES = frozenset({429, 502, 503, 504})
+# Ledger races (another process took the last slot between the decision and the acquire) are
+# retried this many times before the request waits in the queue.
+CLAIM_RACES = 3
+
+
+@dataclass(slots=True)
+class Flight:
+    """A request on its way: what it asked, where it went, and how it ended (for the history)."""
+
+    request_id: str
+    token: TokenEntry
+    pool: PoolEntry
+    kind: str
+    payload: dict[str, Any]
+    stream: bool
+    deadline: float  # monotonic: the latest moment a slot may still be granted
+    session_key: str | None
+    prefix_key: str | None
+    facts: RequestFacts
+    arrived: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.monotonic)
+    decision: Decision | None = None
+    attempts: list[AttemptRow] = field(default_factory=list)
+    queue_wait_s: float = 0.0
+    ttft_s: float | None = None
+    target: TargetEntry | None = None
+    status: int | None = None
+    outcome: str = RoutingOutcome.CLIENT_GONE
+    failure_reason: str = ""
+    retries_held: int = 0  # retry-budget slots to give back
+
+    def history_row(self) -> HistoryRow:
+        decision = self.decision.to_dict() if self.decision else {}
+        decision["request"] = {
+            "kind": self.kind,
+            "sticky_target_id": self.facts.sticky_target_id,
+            "prefix_target_id": self.facts.prefix_target_id,
+        }
+        return {
+            "request_id": self.request_id,
+            "pool_id": self.pool.id,
+            "kind": self.kind,
+            "outcome": self.outcome,
+            "created_at": self.arrived,
+            "token_id": self.token.id,
+            "token_name": self.token.name,
+            "target_id": self.target.id if self.target else None,
+            "target_name": self.target.name if self.target else "",
+            "status_code": self.status,
+            "failure_reason": self.failure_reason,
+            "attempts": self.attempts,
+            "decision": decision,
+            "queue_wait_ms": round(self.queue_wait_s * 1000, 3),
+            "ttft_ms": round(self.ttft_s * 1000, 3) if self.ttft_s is not None else None,
+            "total_ms": round((time.monotonic() - self.started) * 1000, 3),
+            "stream": self.stream,
+        }
+
+
+class Router:
+    """Route flights through one process's live state."""
+
+    def __init__(self, state: GatewayState):
+        self.state = state
+
+    async def fly(self, send: Send, flight: Flight) -> None:
+        """Answer the request from the best target, retrying where that is safe."""
+        state = self.state
+        pool = flight.pool
+        state.active[pool.id] += 1
+        try:
+            await self._attempts(send, flight)
+        except GatewayError as error:
+            flight.status = error.status
+            flight.failure_reason = error.message
+            flight.outcome = _outcome_of(error)
+            raise
+        finally:
+            state.active[pool.id] -= 1
+            for _ in range(flight.retries_held):
+                state.budget.release()
+            target_name = flight.target.name if flight.target else None
+            metrics.observe_request(
+                pool.slug,
+                target_name,
+                flight.outcome,
+                flight.queue_wait_s,
+                flight.ttft_s,
+                time.monotonic() - flight.started,
+            )
+            state.history.record(flight.history_row())
+
+    async def _attempts(self, send: Send, flight: Flight) -> None:
+        exclude: set[int] = set()
+        failure: GatewayError | None = None
+        for attempt in range(1, flight.pool.max_attempts + 1):
+            try:
+                target, lease = await self._claim(flight, exclude)
+            except GatewayError as error:
+                # No other target to retry on: the client hears what went wrong on the last one.
+                if failure is not None and error.code == "no_target_available":
+                    raise failure from None
+                raise
+            flight.target = target
+            try:
+                failure = await self._attempt(send, flight, target, attempt)
+            finally:
+                await self.state.ledger.release(lease)
+                self.state.queue(flight.pool).wake_next()
+            if failure is None:
+                return
+            exclude.add(target.id)
+
+    async def _claim(self, flight: Flight, exclude: set[int]) -> tuple[TargetEntry, Lease]:
+        """Return the target the balancer picks and a slot on it, waiting in the queue if full."""
+        state = self.state
+        pool = flight.pool
+        races = 0
+        woken = False
+        while True:
+            now = time.monotonic()
+            turn = state.turns[pool.id]
+            decision = decide(
+                state.views(pool, now),
+                pool.policy,
+                flight.facts,
+                rng=state.rng,
+                turn=turn,
+                exclude=frozenset(exclude),
+            )
+            flight.decision = decision
+            if decision.target_id is not None:
+                # Those already waiting go first: a newcomer joins the queue behind them even
+                # when a slot is free this instant (it was freed for the waiter being woken).
+                if woken or not state.queue(pool):
+                    state.turns[pool.id] = turn + 1
+                    target = pool.target(decision.target_id)
+                    if state.health.allow(target.id, now):
+                        lease = await state.ledger.try_acquire(target.id, target.capacity)
+                        if lease is not None:
+                            return target, lease
+                        state.health.abandon(target.id)
+                    races += 1
+                    if races < CLAIM_RACES:
+                        continue
+            elif not decision.all_full:
+                skipped = [f"{skip.name} ({skip.reason})" for skip in decision.skipped]
+                raise errors.no_target(pool.slug, flight.kind, skipped)
+            await self._wait(flight, now)
+            races = 0
+            woken = True
+
+    async def _wait(self, flight: Flight, now: float) -> None:
+        """Wait in the pool's fair queue until a slot frees or the deadline passes."""
+        pool = flight.pool
+        remaining = flight.deadline - now
+        if remaining <= 0:
+            raise errors.queue_timeout(pool.slug, flight.queue_wait_s)
+        capacity = sum(target.capacity for target in pool.targets if target.enabled)
+        queue = self.state.queue(pool)
+        try:
+            await queue.wait(flight.token.id, remaining, capacity=max(1, capacity))
+        except QueueFull as full:
+            raise errors.queue_full(pool.slug, full.reason, full.retry_after_s) from None
+        except QueueTimeout:
+            flight.queue_wait_s += time.monotonic() - now
+            raise errors.queue_timeout(pool.slug, flight.queue_wait_s) from None
+        flight.queue_wait_s += time.monotonic() - now
+
+    async def _attempt(
+        self, send: Send, flight: Flight, target: TargetEntry, attempt: int
+    ) -> GatewayError | None:
+        """Try one target; return what failed when the flight should move to another."""
+        state = self.state
+        flight.payload["model"] = target.model_id
+        headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
+        # The client's own Authorization never travels on; the target's credential does.
+        if target.authorization is not None:
+            headers.append((b"authorization", target.authorization.encode()))
+        request = httpx.Request(
+            "POST", target.urls[flight.kind], headers=headers, content=json.dumps(flight.payload)
+        )
+        sent_at = time.monotonic()
+        try:
+            response = await upstream.get().send(request)
+        except httpx.HTTPError as exc:
+            phase = _transport_phase(exc)
+            failure = _upstream_failure(exc, target)
+            if self._retry(flight, target, attempt, phase, None):
+                return failure
+            raise failure from None
+        except asyncio.CancelledError:
+            state.health.abandon(target.id)
+            raise
+        status = response.status_code
+        try:
+            if status in REFUSED_STATUSES and self._retry(
+                flight, target, attempt, FailurePhase.REFUSED_STATUS, status
+            ):
+                return errors.target_refused(target.name, status)
+            await self._relay(send, flight, target, response, attempt, sent_at)
+        except asyncio.CancelledError:
+            state.health.abandon(target.id)
+            raise
+        finally:
+            await response.aclose()
+        return None
+
+    def _retry(
+        self,
+        flight: Flight,
+        target: TargetEntry,
+        attempt: int,
+        phase: FailurePhase,
+        status: int | None,
+    ) -> bool:
+        """Record a failed attempt before output and say whether to try another target."""
+        state = self.state
+        pool = flight.pool
+        state.health.record(target.id, ok=not is_target_fault(phase), now=time.monotonic())
+        retried, reason = may_retry(
+            phase, attempt, pool.max_attempts, state.budget, state.active[pool.id], status=status
+        )
+        if retried:
+            flight.retries_held += 1
+        flight.attempts.append(_attempt_row(target, phase, status, retried, reason))
+        metrics.observe_attempt(pool.slug, target.name, phase)
+        return retried
+
+    async def _relay(
+        self,
+        send: Send,
+        flight: Flight,
+        target: TargetEntry,
+        response: httpx.Response,
+        attempt: int,
+        sent_at: float,
+    ) -> None:
+        """Relay the target's answer as it arrives, then record how the attempt went."""
+        status = response.status_code
+        headers = [
+            (name, value) for name, value in response.headers.raw if name.lower() in RELAYED_HEADERS
+        ]
+        headers.append((b"x-nexus-request-id", flight.request_id.encode()))
+        headers.append((b"x-nexus-target", target.name.encode()))
+        headers.append((b"x-nexus-attempts", str(attempt).encode()))
+        start = {"type": "http.response.start", "status": status, "headers": headers}
+        is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        length = response.headers.get("content-length", "")
+        chunks = 0
+        broken: httpx.HTTPError | None = None
+        first_at: float | None = None
+        if not is_sse and length.isdigit() and int(length) <= WHOLE_BODY_MAX_BYTES:
+            # One JSON document: read it and answer in one piece (fewer writes, same latency).
+            # Raw bytes: the body keeps its content-encoding, which is relayed with it.
+            try:
+                body = b"".join([chunk async for chunk in response.aiter_raw()])
+            except httpx.HTTPError as exc:
+                phase = classify(
+                    connected=True, request_sent=True, status=status, output_started=False,
+                    timed_out=_timed_out(exc), broken=True,
+                )  # fmt: skip
+                self._finish(flight, target, attempt, phase, status, sent_at, None, 0)
+                raise _upstream_failure(exc, target) from None
+            first_at = time.monotonic()
+            await send(start)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            chunks = 1
+        else:
+            await send(start)
+            try:
+                async for chunk in response.aiter_raw():
+                    if first_at is None:
+                        first_at = time.monotonic()
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    chunks += 1
+            except httpx.HTTPError as exc:
+                broken = exc
+                # Output already reached the client: no retry; end the stream with an error.
+                if is_sse:
+                    event = b"data: " + _stream_error(target, _upstream_failure(exc, target))
+                    await send(
+                        {"type": "http.response.body", "body": event + b"\n\n", "more_body": True}
+                    )
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # An error status is a failure of its own kind (refused, client, server error) even
+        # though its body reached the client; otherwise only a broken body makes one.
+        phase = classify(
+            connected=True, request_sent=True, status=status, output_started=status < 400,
+            timed_out=broken is not None and _timed_out(broken), broken=broken is not None,
+        )  # fmt: skip
+        self._finish(flight, target, attempt, phase, status, sent_at, first_at, chunks)
+
+    def _finish(
+        self,
+        flight: Flight,
+        target: TargetEntry,
+        attempt: int,
+        phase: FailurePhase | None,
+        status: int,
+        sent_at: float,
+        first_at: float | None,
+        chunks: int,
+    ) -> None:
+        """Record the final attempt: health, speed, continuity, the flight's outcome."""
+        state = self.state
+        now = time.monotonic()
+        flight.status = status
+        state.health.record(target.id, ok=phase is None or not is_target_fault(phase), now=now)
+        if phase is not None:
+            reason = f"not retried: {phase.description}"
+            flight.attempts.append(_attempt_row(target, phase, status, False, reason))
+            metrics.observe_attempt(flight.pool.slug, target.name, phase)
+            flight.failure_reason = phase.description
+            flight.outcome = (
+                RoutingOutcome.INTERRUPTED
+                if phase is FailurePhase.AFTER_OUTPUT
+                else RoutingOutcome.CLIENT_ERROR
+                if phase is FailurePhase.CLIENT_ERROR
+                else RoutingOutcome.UPSTREAM_ERROR
+            )
+            return
+        flight.attempts.append(_attempt_row(target, None, status, False, "ok"))
+        metrics.observe_attempt(flight.pool.slug, target.name, "ok")
+        flight.outcome = RoutingOutcome.OK
+        if first_at is not None:
+            flight.ttft_s = first_at - flight.started
+            tpot = (now - first_at) / (chunks - 1) if flight.stream and chunks > 1 else None
+            state.latency[target.id].record(ttft_s=first_at - sent_at, tpot_s=tpot)
+        state.last_served[target.id] = now
+        if flight.session_key is not None:
+            state.sessions.put(flight.session_key, target.id, now)
+        if flight.prefix_key is not None:
+            state.prefixes.put(flight.prefix_key, target.id, now)
+
+
+def _attempt_row(
+    target: TargetEntry, phase: FailurePhase | None, status: int | None, retried: bool, reason: str
+) -> AttemptRow:
+    return {
+        "target_id": target.id,
+        "target_name": target.name,
+        "phase": phase.value if phase else "ok",
+        "status": status,
+        "retried": retried,
+        "reason": reason,
+    }
+
+
+def _timed_out(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    return isinstance(cause, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)) or (
+        cause is None and isinstance(exc, httpx.TimeoutException)
+    )
+
+
+def _transport_phase(exc: httpx.HTTPError) -> FailurePhase:
+    """Classify a failure before any response; the aiohttp transport's mapping is too coarse."""
+    cause = exc.__cause__
+    # A connect timeout is a connect failure: nothing reached the target.
+    if isinstance(cause, aiohttp.ConnectionTimeoutError):
+        return FailurePhase.CONNECT
+    if _timed_out(exc):
+        return FailurePhase.AMBIGUOUS_TIMEOUT
+    return FailurePhase.CONNECT
+
+
+def _upstream_failure(exc: httpx.HTTPError, target: TargetEntry) -> GatewayError:
+    if _timed_out(exc) and not isinstance(exc.__cause__, aiohttp.ConnectionTimeoutError):
+        return errors.target_timeout(target.name)
+    return errors.target_unreachable(target.name)
+
+
+def _stream_error(target: TargetEntry, failure: GatewayError) -> bytes:
+    message = f"The stream from target '{target.name}' broke off: {failure.message}"
+    return errors.error_body(message, "server_error", "stream_interrupted")
+
+
+def _outcome_of(error: GatewayError) -> str:
+    return {
+        "queue_full": RoutingOutcome.QUEUE_FULL,
+        "queue_timeout": RoutingOutcome.QUEUE_TIMEOUT,
+        "no_target_available": RoutingOutcome.NO_TARGET,
+    }.get(error.code, RoutingOutcome.UPSTREAM_ERROR)
