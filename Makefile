@@ -26,6 +26,7 @@ test: $(VENV)/.installed-dev
 	$(PY) -m ruff format --check .
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 	$(PY) -m pytest
 
 ## Measure the gateway's overhead and the simulator's throughput.

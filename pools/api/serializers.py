@@ -63,12 +63,16 @@ class TargetSerializer(serializers.ModelSerializer):
             "capacity_weight",
             "kinds",
             "enabled",
+            "state",
+            "state_changed_at",
             "position",
             "credential",
             "has_credential",
             "created_at",
             "updated_at",
         ]
+        # Drain and resume change the state (POST .../drain/, .../resume/), so nothing races them.
+        read_only_fields = ["state", "state_changed_at"]
 
     def create(self, validated_data: dict[str, Any]) -> Target:
         credential = validated_data.pop("credential", "")
@@ -175,3 +179,17 @@ class HistoryFilterSerializer(serializers.Serializer):
     token = serializers.IntegerField(required=False, help_text="Only requests with this token id.")
     since = serializers.DateTimeField(required=False, help_text="Only requests from this time on.")
     until = serializers.DateTimeField(required=False, help_text="Only requests before this time.")
+
+
+class DryRunSerializer(serializers.Serializer):
+    """A sample request for a dry run: its kind, and optionally a conversation and a body."""
+
+    kind = serializers.ChoiceField(choices=RequestKind.choices, default=RequestKind.CHAT)
+    session_id = serializers.CharField(
+        required=False, help_text="As the X-Nexus-Session-Id header of a real request."
+    )
+    body = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="A request body, for prompt_cache_key, user and the prompt-prefix affinity.",
+    )

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import viewsets
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
 
+from pools import services
 from pools.api.serializers import (
+    DryRunSerializer,
     HistoryFilterSerializer,
     PoolSerializer,
     RoutingRecordDetailSerializer,
@@ -14,6 +20,7 @@ from pools.api.serializers import (
     TargetSerializer,
     visible_pools,
 )
+from pools.gateway import dry_run
 from pools.models import Pool, RoutingRecord, Target
 
 
@@ -25,6 +32,19 @@ class PoolViewSet(viewsets.ModelViewSet):
 
     def get_queryset(self) -> QuerySet[Pool]:
         return visible_pools(self.request).prefetch_related("targets")
+
+    @extend_schema(request=DryRunSerializer, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path="dry-run")
+    def dry_run(self, request: Request, slug: str) -> Response:
+        """Rank the pool's targets for a sample request as the strategy would now; route nothing."""
+        sample = DryRunSerializer(data=request.data)
+        sample.is_valid(raise_exception=True)
+        asked = sample.validated_data
+        headers = {"x-nexus-session-id": asked["session_id"]} if "session_id" in asked else {}
+        ranking = dry_run.dry_run(
+            self.get_object(), kind=asked["kind"], headers=headers, body=asked["body"]
+        )
+        return Response(ranking)
 
 
 @extend_schema_view(
@@ -45,6 +65,23 @@ class TargetViewSet(viewsets.ModelViewSet):
             targets = targets.filter(pool__slug=pool)
         return targets
 
+    @extend_schema(request=None, responses=TargetSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, pk: str) -> Response:
+        """Take no new requests; in-flight ones finish, then the target is drained."""
+        target = services.drain_target(self.get_object())
+        return Response(self.get_serializer(target).data)
+
+    @extend_schema(request=None, responses={200: TargetSerializer, 409: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        """Return a draining or drained target to service, once it answers again."""
+        try:
+            target = services.resume_target(self.get_object())
+        except services.CannotResume as refusal:
+            return Response({"detail": str(refusal)}, status=status.HTTP_409_CONFLICT)
+        return Response(self.get_serializer(target).data)
+
 
 @extend_schema_view(list=extend_schema(parameters=[HistoryFilterSerializer]))
 class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
@@ -56,6 +93,12 @@ class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
         if self.action == "retrieve":
             return RoutingRecordDetailSerializer
         return RoutingRecordSerializer
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def replay(self, request: Request, request_id: str) -> Response:
+        """Re-rank this past request against the current configuration; say what changed."""
+        return Response(dry_run.replay(self.get_object()))
 
     def get_queryset(self) -> QuerySet[RoutingRecord]:
         records = RoutingRecord.objects.filter(pool__in=visible_pools(self.request))

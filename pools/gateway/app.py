@@ -18,8 +18,6 @@ from typing import Any
 
 from django.conf import settings
 
-from pools.balancer.continuity import continuity_key, prefix_fingerprint
-from pools.balancer.snapshot import RequestFacts
 from pools.gateway import errors
 from pools.gateway.errors import GatewayError
 from pools.gateway.flight import Flight, Router
@@ -137,14 +135,7 @@ class Gateway:
         if (raw := headers.get("x-nexus-queue-timeout")) is not None:
             # The client may ask to wait less than the pool allows, never more.
             wait_s = min(_seconds(raw), wait_s)
-        session_key = prefix_key = None
-        sticky = prefix_target = None
-        if pool.policy.continuity_enabled:
-            state = self.state
-            session_key = continuity_key(pool.slug, headers, payload)
-            prefix_key = prefix_fingerprint(pool.slug, payload, kind)
-            sticky = state.sessions.get(session_key, now) if session_key else None
-            prefix_target = state.prefixes.get(prefix_key, now) if prefix_key else None
+        facts, session_key, prefix_key = self.state.request_facts(pool, kind, headers, payload, now)
         return Flight(
             request_id=request_id,
             token=token,
@@ -155,7 +146,7 @@ class Gateway:
             deadline=now + wait_s,
             session_key=session_key,
             prefix_key=prefix_key,
-            facts=RequestFacts(kind=kind, sticky_target_id=sticky, prefix_target_id=prefix_target),
+            facts=facts,
             started=now,
         )
 

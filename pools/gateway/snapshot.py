@@ -93,6 +93,29 @@ def _target_entry(target: Target) -> TargetEntry:
     )
 
 
+def pool_entry(pool: Pool) -> PoolEntry:
+    """Return a pool as the gateway routes by it (its targets prefetched, ideally)."""
+    targets = tuple(
+        _target_entry(target)
+        for target in sorted(pool.targets.all(), key=lambda t: (t.priority, t.position, t.pk))
+    )
+    return PoolEntry(
+        id=pool.pk,
+        slug=pool.slug,
+        name=pool.name,
+        created=int(pool.created_at.timestamp()),
+        targets=targets,
+        policy=PoolPolicy(
+            strategy=pool.strategy,
+            continuity_enabled=pool.continuity_enabled,
+            continuity_threshold=pool.continuity_threshold,
+        ),
+        max_queue=pool.max_queue,
+        max_queue_wait_s=pool.max_queue_wait_s,
+        max_attempts=pool.max_attempts,
+    )
+
+
 def load_snapshot() -> Snapshot:
     """Read the configuration the gateway routes by (a handful of queries, off the hot path)."""
     version = ConfigVersion.current()
@@ -106,27 +129,7 @@ def load_snapshot() -> Snapshot:
         )
         for token in ApiToken.objects.filter(revoked_at__isnull=True)
     }
-    pools: dict[str, PoolEntry] = {}
-    for pool in Pool.objects.prefetch_related("targets"):
-        targets = tuple(
-            _target_entry(target)
-            for target in sorted(pool.targets.all(), key=lambda t: (t.priority, t.position, t.pk))
-        )
-        pools[pool.slug] = PoolEntry(
-            id=pool.pk,
-            slug=pool.slug,
-            name=pool.name,
-            created=int(pool.created_at.timestamp()),
-            targets=targets,
-            policy=PoolPolicy(
-                strategy=pool.strategy,
-                continuity_enabled=pool.continuity_enabled,
-                continuity_threshold=pool.continuity_threshold,
-            ),
-            max_queue=pool.max_queue,
-            max_queue_wait_s=pool.max_queue_wait_s,
-            max_attempts=pool.max_attempts,
-        )
+    pools = {pool.slug: pool_entry(pool) for pool in Pool.objects.prefetch_related("targets")}
     return Snapshot(version=version, tokens=tokens, pools=pools)
 
 

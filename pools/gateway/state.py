@@ -18,11 +18,12 @@ from asgiref.sync import sync_to_async
 
 from nexus import upstream
 from pools import services
-from pools.balancer.continuity import AffinityMap
+from pools.balancer.continuity import AffinityMap, continuity_key, prefix_fingerprint
 from pools.balancer.health import LatencyStats, PassiveHealth
 from pools.balancer.queue import PoolQueue
 from pools.balancer.retry import RetryBudget
-from pools.balancer.snapshot import DrainState, TargetView
+from pools.balancer.snapshot import Decision, DrainState, RequestFacts, TargetView
+from pools.balancer.strategies import decide
 from pools.gateway import metrics
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
 from pools.gateway.history import HistoryWriter
@@ -39,6 +40,14 @@ MAINTENANCE_INTERVAL_S = 0.25
 # Conversations and prompt prefixes remembered per process.
 SESSION_ENTRIES, SESSION_TTL_S = 100_000, 1800.0
 PREFIX_ENTRIES, PREFIX_TTL_S = 50_000, 600.0
+
+
+_current: GatewayState | None = None
+
+
+def current() -> GatewayState | None:
+    """Return the state of this process's running gateway, if it has served a request."""
+    return _current
 
 
 class GatewayState:
@@ -58,7 +67,38 @@ class GatewayState:
         self.budget = RetryBudget()
         self.last_served: dict[int, float] = {}
         self.rng = random.Random()
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._maintenance: asyncio.Task[None] | None = None
+
+    def request_facts(
+        self,
+        pool: PoolEntry,
+        kind: str,
+        headers: dict[str, str],
+        payload: dict[str, object],
+        now: float,
+    ) -> tuple[RequestFacts, str | None, str | None]:
+        """Return what the balancer needs to know of a request, and its continuity keys."""
+        if not pool.policy.continuity_enabled:
+            return RequestFacts(kind=kind), None, None
+        session_key = continuity_key(pool.slug, headers, payload)
+        prefix_key = prefix_fingerprint(pool.slug, payload, kind)
+        facts = RequestFacts(
+            kind=kind,
+            sticky_target_id=self.sessions.get(session_key, now) if session_key else None,
+            prefix_target_id=self.prefixes.get(prefix_key, now) if prefix_key else None,
+        )
+        return facts, session_key, prefix_key
+
+    def decide_now(self, pool: PoolEntry, facts: RequestFacts) -> Decision:
+        """Return the decision the pool would make now, routing nothing (dry run, replay)."""
+        return decide(
+            self.views(pool, time.monotonic()),
+            pool.policy,
+            facts,
+            rng=random.Random(0),
+            turn=self.turns[pool.id],
+        )
 
     def views(self, pool: PoolEntry, now: float) -> list[TargetView]:
         """Return the pool's targets as the balancer sees them now."""
@@ -104,8 +144,11 @@ class GatewayState:
 
     def start(self, registry: Registry) -> None:
         """Start the maintenance task (once, on the first request)."""
+        global _current
         if self._maintenance is None:
+            self.loop = asyncio.get_running_loop()
             self._maintenance = asyncio.create_task(self._maintain_forever(registry))
+            _current = self
 
     async def aclose(self) -> None:
         """Stop background work and write what is buffered."""
