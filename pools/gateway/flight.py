@@ -228,8 +228,10 @@ class Router:
             response = await upstream.get().send(request)
         except httpx.HTTPError as exc:
             phase = _transport_phase(exc)
+            retried, reason = self._may_retry(flight, attempt, phase, None)
+            self._record_attempt(flight, target, phase, None, retried, reason)
             failure = _upstream_failure(exc, target)
-            if self._retry(flight, target, attempt, phase, None):
+            if retried:
                 return failure
             raise failure from None
         except asyncio.CancelledError:
@@ -237,11 +239,14 @@ class Router:
             raise
         status = response.status_code
         try:
-            if status in REFUSED_STATUSES and self._retry(
-                flight, target, attempt, FailurePhase.REFUSED_STATUS, status
-            ):
-                return errors.target_refused(target.name, status)
-            await self._relay(send, flight, target, response, attempt, sent_at)
+            reason = ""
+            if status in REFUSED_STATUSES:
+                phase = FailurePhase.REFUSED_STATUS
+                retried, reason = self._may_retry(flight, attempt, phase, status)
+                if retried:
+                    self._record_attempt(flight, target, phase, status, retried, reason)
+                    return errors.target_refused(target.name, status)
+            await self._relay(send, flight, target, response, attempt, sent_at, reason)
         except asyncio.CancelledError:
             state.health.abandon(target.id)
             raise
@@ -249,26 +254,33 @@ class Router:
             await response.aclose()
         return None
 
-    def _retry(
-        self,
-        flight: Flight,
-        target: TargetEntry,
-        attempt: int,
-        phase: FailurePhase,
-        status: int | None,
-    ) -> bool:
-        """Record a failed attempt before output and say whether to try another target."""
+    def _may_retry(
+        self, flight: Flight, attempt: int, phase: FailurePhase, status: int | None
+    ) -> tuple[bool, str]:
+        """Say whether a failure before output moves the flight on, and why (for history)."""
         state = self.state
         pool = flight.pool
-        state.health.record(target.id, ok=not is_target_fault(phase), now=time.monotonic())
         retried, reason = may_retry(
             phase, attempt, pool.max_attempts, state.budget, state.active[pool.id], status=status
         )
         if retried:
             flight.retries_held += 1
+        return retried, reason
+
+    def _record_attempt(
+        self,
+        flight: Flight,
+        target: TargetEntry,
+        phase: FailurePhase | None,
+        status: int | None,
+        retried: bool,
+        reason: str,
+    ) -> None:
+        """Count one attempt once: in the target's passive health, the history and metrics."""
+        ok = phase is None or not is_target_fault(phase)
+        self.state.health.record(target.id, ok=ok, now=time.monotonic())
         flight.attempts.append(_attempt_row(target, phase, status, retried, reason))
-        metrics.observe_attempt(pool.slug, target.name, phase)
-        return retried
+        metrics.observe_attempt(flight.pool.slug, target.name, phase or "ok")
 
     async def _relay(
         self,
@@ -278,8 +290,12 @@ class Router:
         response: httpx.Response,
         attempt: int,
         sent_at: float,
+        refusal: str,
     ) -> None:
-        """Relay the target's answer as it arrives, then record how the attempt went."""
+        """Relay the target's answer as it arrives, then record how the attempt went.
+
+        refusal: why a 429/502/503/504 was not retried, when that is what is relayed.
+        """
         status = response.status_code
         headers = [
             (name, value) for name, value in response.headers.raw if name.lower() in RELAYED_HEADERS
@@ -303,7 +319,7 @@ class Router:
                     connected=True, request_sent=True, status=status, output_started=False,
                     timed_out=_timed_out(exc), broken=True,
                 )  # fmt: skip
-                self._finish(flight, target, attempt, phase, status, sent_at, None, 0)
+                self._finish(flight, target, phase, status, sent_at, None, 0, refusal)
                 raise _upstream_failure(exc, target) from None
             first_at = time.monotonic()
             await send(start)
@@ -332,28 +348,26 @@ class Router:
             connected=True, request_sent=True, status=status, output_started=status < 400,
             timed_out=broken is not None and _timed_out(broken), broken=broken is not None,
         )  # fmt: skip
-        self._finish(flight, target, attempt, phase, status, sent_at, first_at, chunks)
+        self._finish(flight, target, phase, status, sent_at, first_at, chunks, refusal)
 
     def _finish(
         self,
         flight: Flight,
         target: TargetEntry,
-        attempt: int,
         phase: FailurePhase | None,
         status: int,
         sent_at: float,
         first_at: float | None,
         chunks: int,
+        refusal: str,
     ) -> None:
         """Record the final attempt: health, speed, continuity, the flight's outcome."""
         state = self.state
         now = time.monotonic()
         flight.status = status
-        state.health.record(target.id, ok=phase is None or not is_target_fault(phase), now=now)
         if phase is not None:
-            reason = f"not retried: {phase.description}"
-            flight.attempts.append(_attempt_row(target, phase, status, False, reason))
-            metrics.observe_attempt(flight.pool.slug, target.name, phase)
+            reason = refusal or f"not retried: {phase.description}"
+            self._record_attempt(flight, target, phase, status, False, reason)
             flight.failure_reason = phase.description
             flight.outcome = (
                 RoutingOutcome.INTERRUPTED
@@ -363,8 +377,7 @@ class Router:
                 else RoutingOutcome.UPSTREAM_ERROR
             )
             return
-        flight.attempts.append(_attempt_row(target, None, status, False, "ok"))
-        metrics.observe_attempt(flight.pool.slug, target.name, "ok")
+        self._record_attempt(flight, target, None, status, False, "ok")
         flight.outcome = RoutingOutcome.OK
         if first_at is not None:
             flight.ttft_s = first_at - flight.started
