@@ -235,7 +235,9 @@ def _request_times(candidates: Sequence[TargetView]) -> tuple[list[float | None]
         for t in candidates
     ]
     known = [time for time in times if time is not None]
-    if len(known) < len(times):
+    if len(known) < len(times) and any(
+        (t.ttft_s is None) != (t.tpot_s is None) for t in candidates
+    ):
         # A target with one of the two samples borrows the tier's median for the other.
         ttfts = [t.ttft_s for t in candidates if t.ttft_s is not None]
         tpots = [t.tpot_s for t in candidates if t.tpot_s is not None]

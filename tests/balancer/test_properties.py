@@ -210,7 +210,7 @@ def assert_continuity(
         assert sticky_entry.score > decision.ranking[0].score
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(situations, st.integers(0, 10**6), st.integers(0, 2**32))
 def test_every_decision_keeps_the_invariants_and_is_deterministic(situation, turn, seed):
     targets, policy, request, exclude = situation
@@ -313,7 +313,7 @@ def test_smart_shares_follow_the_weights_when_loads_are_proportional(weights, le
     assert_shares(picks, weights)
 
 
-@settings(max_examples=4, deadline=None, derandomize=True)
+@settings(max_examples=3, deadline=None, derandomize=True)
 @given(weights_lists, st.integers(0, 2**32))
 def test_smart_keeps_a_busy_pools_traffic_in_proportion_to_the_weights(weights, seed):
     # A closed loop: the pool is kept 90 % busy; each finished request is drawn in proportion

@@ -1,0 +1,92 @@
+"""Every slot the gateway takes on a target is given back, however the request ends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from nexus import upstream
+from nexus.models import ApiToken
+from pools.gateway.app import Gateway
+from pools.gateway.ledger import MemoryLedger
+from pools.gateway.state import GatewayState
+from pools.models import Pool, Target
+from tests.support.simulator import Simulator, free_port, running_simulator
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Simulator]:
+    with running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=20) as sim:
+        yield sim
+
+
+class Client:
+    """Drive the ASGI app as a server would; `leave()` makes the client disconnect."""
+
+    def __init__(self, body: dict[str, Any], token: str) -> None:
+        raw = json.dumps(body).encode()
+        self.scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": [
+                (b"authorization", f"Bearer {token}".encode()),
+                (b"content-type", b"application/json"),
+            ],
+        }
+        self.incoming: asyncio.Queue[dict] = asyncio.Queue()
+        self.incoming.put_nowait({"type": "http.request", "body": raw, "more_body": False})
+        self.sent: list[dict] = []
+        self.first_body = asyncio.Event()
+
+    async def receive(self) -> dict:
+        return await self.incoming.get()
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+        if message["type"] == "http.response.body" and message.get("body"):
+            self.first_body.set()
+
+    def leave(self) -> None:
+        self.incoming.put_nowait({"type": "http.disconnect"})
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_no_slot_leaks_when_clients_leave_targets_fail_or_answer(engine: Simulator) -> None:
+    def configure() -> tuple[str, int, int]:
+        pool = Pool.objects.create(name="Slots", slug="slots", strategy="round_robin")
+        live = Target.objects.create(
+            pool=pool, name="live", base_url=engine.base_url, model_id="demo-8b"
+        )
+        dead = Target.objects.create(
+            pool=pool, name="dead", base_url=f"http://127.0.0.1:{free_port()}/v1",
+            model_id="demo-8b",
+        )  # fmt: skip
+        return ApiToken.issue("slots")[1], live.pk, dead.pk
+
+    token, live, dead = await sync_to_async(configure)()
+    ledger = MemoryLedger()
+    app = Gateway(state=GatewayState(ledger=ledger))
+    body = {"model": "@pool/slots", "messages": [{"role": "user", "content": "hi"}]}
+
+    # Streams the client abandons after the first chunk, plain answers, and requests whose
+    # first target refuses the connection (retried on the other): all at once.
+    leaving = [Client({**body, "stream": True, "max_tokens": 50}, token) for _ in range(4)]
+    staying = [Client({**body, "max_tokens": 3}, token) for _ in range(6)]
+    calls = [asyncio.create_task(app(c.scope, c.receive, c.send)) for c in [*leaving, *staying]]
+    await asyncio.wait_for(asyncio.gather(*(c.first_body.wait() for c in leaving)), 10)
+    for client in leaving:
+        client.leave()
+    await asyncio.wait_for(asyncio.gather(*calls), 10)
+    await app.aclose()
+    await upstream.close()
+
+    assert [c.sent[0]["status"] for c in staying] == [200] * 6
+    assert ledger.in_flight(live) == 0
+    assert ledger.in_flight(dead) == 0
+    assert engine.stats()["requests_running"] == 0
