@@ -160,9 +160,14 @@ class GatewayState:
 
     async def _maintain_forever(self, registry: Registry) -> None:
         last_scrape = 0.0
+        version = registry.snapshot.version
         while True:
             await asyncio.sleep(MAINTENANCE_INTERVAL_S)
             snapshot = registry.snapshot
+            if snapshot.version != version:
+                # A target's address may have changed: ask every one for /metrics again.
+                version = snapshot.version
+                self.engine_loads.forget_unsupported()
             try:
                 await self.ledger.refresh(
                     [target.id for pool in snapshot.pools.values() for target in pool.targets]
