@@ -29,11 +29,13 @@ test: $(VENV)/.installed-dev
 	$(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 	$(PY) -m pytest
 
-## Measure the gateway's overhead and the simulator's throughput.
+## Measure the gateway's overhead, the simulator, the balancer's decisions and its quality.
 bench: export NEXUS_DATA_DIR := $(BENCH_DATA_DIR)
 bench: $(VENV)/.installed-dev
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/simulator_throughput.py
+	$(PY) bench/balancer_decision.py
+	$(PY) bench/balancing_quality.py
 
 $(PY):
 	@if [ -z "$(PYTHON)" ] || ! "$(PYTHON)" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \

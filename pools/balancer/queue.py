@@ -67,6 +67,19 @@ class FairQueue(Generic[T]):
             self._token_of[ticket] = token_id
         return reason
 
+    def readmit(self, token_id: int, ticket: T) -> None:
+        """Put back a ticket that was served but found no room: first in line, never refused."""
+        if ticket in self._token_of:
+            raise ValueError("this ticket is already queued")
+        fifo = self._fifos.get(token_id)
+        if fifo is None:
+            fifo = self._fifos[token_id] = OrderedDict()
+            # Its token was being served: it keeps that turn.
+            self._fifos.move_to_end(token_id, last=False)
+        fifo[ticket] = None
+        fifo.move_to_end(ticket, last=False)
+        self._token_of[ticket] = token_id
+
     def pop(self) -> T | None:
         """Take the next ticket: the oldest of the token whose turn it is."""
         if not self._fifos:
@@ -191,23 +204,30 @@ class PoolQueue:
         """Estimate how long a new request of this token would wait; 0 when unknown."""
         return estimated_wait_s(self._service_times, self.fair.ahead_of_new(token_id), capacity)
 
-    async def wait(self, token_id: int, max_wait_s: float, *, capacity: int) -> None:
+    async def wait(
+        self, token_id: int, max_wait_s: float, *, capacity: int, again: bool = False
+    ) -> None:
         """Wait until `wake_next` hands this request a slot.
 
         Raise QueueFull when it is not admitted (full, over its fair share, or an estimated
         wait beyond max_wait_s), QueueTimeout when max_wait_s passes. On cancellation (the
-        client left) the request leaves the queue at once.
+        client left) the request leaves the queue at once. again: the request was woken but
+        found no room (another took it first); it goes back first in line, without admission.
         """
-        # Admission runs before the first await, so no wake-up can slip in between the caller
-        # finding every target full and this request joining the queue.
-        ahead = self.fair.ahead_of_new(token_id)
-        reason = self.fair.refusal(token_id)
-        if reason is None and estimated_wait_s(self._service_times, ahead, capacity) > max_wait_s:
-            reason = WAIT_TOO_LONG
-        if reason is not None:
-            raise QueueFull(reason, retry_after_s(self._service_times, ahead, capacity))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.fair.admit(token_id, future)
+        if again:
+            self.fair.readmit(token_id, future)
+        else:
+            # Admission runs before the first await, so no wake-up can slip in between the
+            # caller finding every target full and this request joining the queue.
+            ahead = self.fair.ahead_of_new(token_id)
+            reason = self.fair.refusal(token_id)
+            wait_s = estimated_wait_s(self._service_times, ahead, capacity)
+            if reason is None and wait_s > max_wait_s:
+                reason = WAIT_TOO_LONG
+            if reason is not None:
+                raise QueueFull(reason, retry_after_s(self._service_times, ahead, capacity))
+            self.fair.admit(token_id, future)
         try:
             async with asyncio.timeout(max_wait_s):
                 await future

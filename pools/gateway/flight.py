@@ -142,14 +142,20 @@ class Router:
             except GatewayError as error:
                 # No other target to retry on: the client hears what went wrong on the last one.
                 if failure is not None and error.code == "no_target_available":
+                    flight.attempts[-1]["retried"] = False
+                    flight.attempts[-1]["reason"] = "not retried: no other target can take it"
                     raise failure from None
                 raise
             flight.target = target
+            claimed_at = time.monotonic()
             try:
                 failure = await self._attempt(send, flight, target, attempt)
             finally:
                 await self.state.ledger.release(lease)
-                self.state.queue(flight.pool).wake_next()
+                # How long a slot stays taken: the queue's wait estimate (Retry-After) uses it.
+                queue = self.state.queue(flight.pool, flight.kind)
+                queue.record_service_time(time.monotonic() - claimed_at)
+                self.state.freed(flight.pool, target)
             if failure is None:
                 return
             exclude.add(target.id)
@@ -175,7 +181,7 @@ class Router:
             if decision.target_id is not None:
                 # Those already waiting go first: a newcomer joins the queue behind them even
                 # when a slot is free this instant (it was freed for the waiter being woken).
-                if woken or not state.queue(pool):
+                if woken or not state.queue(pool, flight.kind):
                     state.turns[pool.id] = turn + 1
                     target = pool.target(decision.target_id)
                     if state.health.allow(target.id, now):
@@ -189,26 +195,29 @@ class Router:
             elif not decision.all_full:
                 skipped = [f"{skip.name} ({skip.reason})" for skip in decision.skipped]
                 raise errors.no_target(pool.slug, flight.kind, skipped)
-            await self._wait(flight, now)
+            await self._wait(flight, now, again=woken)
             races = 0
             woken = True
 
-    async def _wait(self, flight: Flight, now: float) -> None:
-        """Wait in the pool's fair queue until a slot frees or the deadline passes."""
+    async def _wait(self, flight: Flight, now: float, again: bool) -> None:
+        """Wait in the fair queue until a slot frees or the deadline passes.
+
+        again: the request was woken before but lost the slot; it waits first in line.
+        """
         pool = flight.pool
         remaining = flight.deadline - now
         if remaining <= 0:
             raise errors.queue_timeout(pool.slug, flight.queue_wait_s)
-        capacity = sum(target.capacity for target in pool.targets if target.enabled)
-        queue = self.state.queue(pool)
+        capacity = sum(t.capacity for t in pool.targets if t.enabled and flight.kind in t.kinds)
+        queue = self.state.queue(pool, flight.kind)
         try:
-            await queue.wait(flight.token.id, remaining, capacity=max(1, capacity))
+            await queue.wait(flight.token.id, remaining, capacity=max(1, capacity), again=again)
         except QueueFull as full:
             raise errors.queue_full(pool.slug, full.reason, full.retry_after_s) from None
         except QueueTimeout:
+            raise errors.queue_timeout(pool.slug, remaining) from None
+        finally:
             flight.queue_wait_s += time.monotonic() - now
-            raise errors.queue_timeout(pool.slug, flight.queue_wait_s) from None
-        flight.queue_wait_s += time.monotonic() - now
 
     async def _attempt(
         self, send: Send, flight: Flight, target: TargetEntry, attempt: int

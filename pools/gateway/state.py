@@ -29,7 +29,7 @@ from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
 from pools.gateway.history import HistoryWriter
 from pools.gateway.ledger import LedgerUnavailable, LoadLedger, build_ledger
 from pools.gateway.registry import Registry
-from pools.gateway.snapshot import PoolEntry, Snapshot
+from pools.gateway.snapshot import PoolEntry, Snapshot, TargetEntry
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ class GatewayState:
         self.latency: defaultdict[int, LatencyStats] = defaultdict(LatencyStats)
         self.sessions = AffinityMap(max_entries=SESSION_ENTRIES, ttl_s=SESSION_TTL_S)
         self.prefixes = AffinityMap(max_entries=PREFIX_ENTRIES, ttl_s=PREFIX_TTL_S)
-        self.queues: dict[int, PoolQueue] = {}
+        # One queue per pool and request kind: an embeddings request never waits behind chat
+        # requests that wait for chat-only targets.
+        self.queues: dict[tuple[int, str], PoolQueue] = {}
         self.turns: defaultdict[int, int] = defaultdict(int)
         self.active: defaultdict[int, int] = defaultdict(int)  # requests in progress per pool
         self.budget = RetryBudget()
@@ -130,17 +132,25 @@ class GatewayState:
             )
         return views
 
-    def queue(self, pool: PoolEntry) -> PoolQueue:
-        """Return the pool's queue, sized by its current setting."""
-        found = self.queues.get(pool.id)
+    def queue(self, pool: PoolEntry, kind: str) -> PoolQueue:
+        """Return the queue of the pool's requests of this kind, sized by its current setting."""
+        key = (pool.id, kind)
+        found = self.queues.get(key)
         if found is None or found.fair.max_size != pool.max_queue:
             replaced, found = found, PoolQueue(pool.max_queue)
+            self.queues[key] = found
             if replaced is not None:
-                # Waiters of a resized queue keep their place in the old one until served.
+                # Waiters of a resized queue decide again, and wait again first in line.
                 while replaced.wake_next():
                     pass
-            self.queues[pool.id] = found
         return found
+
+    def freed(self, pool: PoolEntry, target: TargetEntry) -> None:
+        """Hand a slot freed on the target to a waiter that can use it."""
+        for kind in target.kinds:
+            queue = self.queues.get((pool.id, kind))
+            if queue:
+                queue.wake_next()
 
     def start(self, registry: Registry) -> None:
         """Start the maintenance task (once, on the first request)."""
@@ -198,20 +208,22 @@ class GatewayState:
         for pool in snapshot.pools.values():
             for target in pool.targets:
                 metrics.set_in_flight(pool.slug, target.name, self.ledger.in_flight(target.id))
-            metrics.set_queued(
-                pool.slug, len(self.queues[pool.id]) if pool.id in self.queues else 0
-            )
+            queued = sum(len(q) for (pool_id, _), q in self.queues.items() if pool_id == pool.id)
+            metrics.set_queued(pool.slug, queued)
 
     def _wake_queues(self, snapshot: Snapshot, now: float) -> None:
         """Wake waiters when a target has room that another process (or a drain) freed."""
-        for pool in snapshot.pools.values():
-            queue = self.queues.get(pool.id)
-            if not queue:
+        for (pool_id, kind), queue in self.queues.items():
+            pool = next((p for p in snapshot.pools.values() if p.id == pool_id), None)
+            if pool is None or not queue:
                 continue
             room = sum(
                 max(0, view.capacity - view.in_flight)
                 for view in self.views(pool, now)
-                if view.enabled and view.drain is DrainState.ACTIVE and not view.circuit_open
+                if kind in view.kinds
+                and view.enabled
+                and view.drain is DrainState.ACTIVE
+                and not view.circuit_open
             )
             for _ in range(room):
                 if not queue.wake_next():

@@ -448,3 +448,16 @@ async def test_a_wake_up_is_passed_on_when_its_waiter_leaves_before_running():
         await first
     await asyncio.wait_for(second, 1.0)
     assert len(queue) == 0
+
+
+def test_a_ticket_put_back_is_served_first_and_never_refused() -> None:
+    queue: FairQueue[str] = FairQueue(max_size=2)
+    queue.admit(1, "a1")
+    queue.admit(2, "b1")
+    served = queue.pop()
+
+    queue.readmit(1, served)
+
+    assert served == "a1"
+    assert len(queue) == 2
+    assert [queue.pop(), queue.pop()] == ["a1", "b1"]

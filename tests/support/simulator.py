@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,3 +162,24 @@ def running_simulator(model: str = "demo-8b", port: int = 0, **flags: Any) -> It
 def _stop_leftovers() -> None:
     for simulator in list(_live):
         simulator.stop()
+
+
+@contextmanager
+def running_simulators(**specs: dict[str, Any]) -> Iterator[dict[str, Simulator]]:
+    """Start several simulators at once (name -> start_simulator keyword arguments)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(specs))) as executor:
+        futures = {name: executor.submit(start_simulator, **flags) for name, flags in specs.items()}
+    started: dict[str, Simulator] = {}
+    failure: BaseException | None = None
+    for name, future in futures.items():
+        try:
+            started[name] = future.result()
+        except Exception as exc:  # keep going: every started one must be stopped
+            failure = failure or exc
+    try:
+        if failure is not None:
+            raise failure
+        yield started
+    finally:
+        for simulator in started.values():
+            simulator.stop()

@@ -1,4 +1,8 @@
-"""Two real processes share one target through the Redis ledger and never exceed its capacity."""
+"""Two real processes share one target through the Redis ledger and never exceed its capacity.
+
+First the ledger itself, driven by two bare processes; then two live gateways (daphne) on the same
+database and Redis, sending real streams to one engine.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,25 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from django.conf import settings
 
+from nexus.models import ApiToken
 from pools.gateway.ledger import RedisLedger
+from pools.models import Pool
+from tests.nexus.factories import make_pool, make_target
+from tests.support.live import running_nexus
+from tests.support.simulator import Simulator, running_simulator
+from tests.support.traffic import Answer, chat_body, send
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET = 1
@@ -170,3 +183,60 @@ async def wait_for_a_free_slot(prefix: str, *, timeout_s: float) -> float | None
         return None
     finally:
         await ledger.aclose()
+
+
+def sample_running(engine: Simulator, stop: threading.Event, every_s: float) -> list[int]:
+    """Return the engine's running count, read every `every_s` until `stop` (at most 30 s)."""
+    samples: list[int] = []
+    deadline = time.monotonic() + 30
+    with httpx.Client(timeout=2) as client:
+        while not stop.is_set() and time.monotonic() < deadline:
+            stats = client.get(f"{engine.root_url}/sim/stats").json()
+            samples.append(stats["requests_running"])
+            time.sleep(every_s)
+    return samples
+
+
+def test_two_live_gateways_never_send_a_target_more_than_its_capacity_together(
+    committed_db, django_db_blocker, tmp_path: Path, prefix: str
+) -> None:
+    # Given one target of capacity 2 on an engine that would run 8 at once, and two gateways
+    # sharing the test database and Redis (the bundled one when REDIS_URL is unset):
+    with running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=30, concurrency=8) as engine:
+        with django_db_blocker.unblock():
+            pool = make_pool("shared-engine")
+            make_target(
+                pool, "only", base_url=engine.base_url, model_id="demo-8b", capacity_weight=2
+            )
+            token_row, token = ApiToken.issue("two gateways")
+        env = {"NEXUS_LEDGER": "redis", "NEXUS_REDIS_PREFIX": prefix}
+        try:
+            with running_nexus(tmp_path, **env) as one, running_nexus(tmp_path, **env) as two:
+                urls = [f"{server.url}/v1/chat/completions" for server in (one, two)]
+                stop = threading.Event()
+                with ThreadPoolExecutor(max_workers=13) as executor:
+                    sampler = executor.submit(sample_running, engine, stop, 0.02)
+                    # When 12 streams arrive at once, 6 on each gateway,
+                    body = chat_body("shared-engine", max_tokens=10, stream=True)
+                    futures = [
+                        executor.submit(send, urls[index % 2], token, body) for index in range(12)
+                    ]
+                    answers: list[Answer] = [future.result() for future in futures]
+                    stop.set()
+                    samples = sampler.result()
+                completed = engine.stats()["requests_completed"]
+        finally:
+            with django_db_blocker.unblock():
+                Pool.objects.filter(pk=pool.pk).delete()
+                token_row.delete()
+
+    # Then every stream is answered in full, and the engine never ran more than 2 at once.
+    assert [(answer.status, answer.done, answer.target) for answer in answers] == [
+        (200, True, "only")
+    ] * 12
+    assert len(samples) >= 20, "too few samples to say anything"
+    assert max(samples) <= 2, samples
+    assert max(samples) == 2, "the target was never full: the test proved nothing"
+    assert completed == 12
+    # Request ids start with a per-process half: both processes answered.
+    assert len({answer.request_id[:16] for answer in answers}) == 2

@@ -1,0 +1,899 @@
+"""The balancer in a live gateway: retries by phase, drain, continuity, ejection, queue, tiers.
+
+Every test sends real requests through a live daphne Nexus to simulator engines whose faults are
+switched on at run time, then checks what the client saw (status, X-Nexus-Target,
+X-Nexus-Attempts) and the routing history row the gateway wrote for the request.
+
+The gateway runs with a 2 s upstream read timeout, so that a hanging engine times out quickly,
+and with the ledger an operator of this setup would get: in memory beside the bundled Redis
+(one embedded process), shared through Redis when REDIS_URL is set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from django.conf import settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from nexus.models import ApiToken
+from pools import services
+from pools.models import Pool, RoutingRecord, Target, TargetState
+from tests.nexus.factories import make_pool, make_target
+from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.simulator import Simulator, free_port, running_simulators
+from tests.support.traffic import Answer, chat_body, send
+
+# The gateway's upstream read timeout in this module (the default is 600 s).
+READ_TIMEOUT_S = 2
+# HealthPolicy.base_cooldown_s: how long a first ejection lasts.
+COOLDOWN_S = 5.0
+# A configuration change reaches the gateway within its 1 s snapshot poll; with a margin.
+SNAPSHOT_DELAY_S = 1.5
+# The gateway reads each engine's /metrics once a second (plus its 0.25 s maintenance tick).
+SCRAPE_DELAY_S = 1.5
+SESSION = "X-Nexus-Session-Id"
+QUEUE_TIMEOUT = "X-Nexus-Queue-Timeout"
+
+# Engines: fast ones for retries, slow-ish ones (tpot 20 ms) for drain and continuity, and a
+# slow one (tpot 40 ms) that queue and tier tests keep busy with streams of known length.
+ENGINES: dict[str, dict[str, Any]] = {
+    "good": {"ttft_ms": 0, "tpot_ms": 1},
+    "faulty": {"ttft_ms": 0, "tpot_ms": 1},
+    "drain_a": {"ttft_ms": 0, "tpot_ms": 20},
+    "drain_b": {"ttft_ms": 0, "tpot_ms": 20},
+    "c1": {"ttft_ms": 0, "tpot_ms": 20},
+    "c2": {"ttft_ms": 0, "tpot_ms": 20},
+    "c3": {"ttft_ms": 0, "tpot_ms": 20},
+    "slow": {"ttft_ms": 0, "tpot_ms": 40},
+}
+
+
+@dataclass(repr=False)
+class World:
+    """A live Nexus, its engines, two client tokens and the ids of every target by pool."""
+
+    nexus: LiveServer
+    engines: dict[str, Simulator]
+    token: str  # client A
+    other_token: str  # client B
+    target_ids: dict[tuple[str, str], int]
+    blocker: Any  # pytest-django's django_db_blocker
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self.nexus.url}/v1/chat/completions"
+
+    def chat(
+        self,
+        pool: str,
+        *,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
+        started: threading.Event | None = None,
+        **body: Any,
+    ) -> Answer:
+        """Send a chat request to the pool through the gateway and read the whole answer."""
+        return send(
+            self.chat_url,
+            token or self.token,
+            chat_body(pool, **body),
+            headers=headers,
+            started=started,
+        )
+
+    def target_id(self, pool: str, name: str) -> int:
+        return self.target_ids[(pool, name)]
+
+    def target(self, pool: str, name: str) -> Target:
+        with self.blocker.unblock():
+            return Target.objects.get(pk=self.target_id(pool, name))
+
+    def record(self, answer: Answer | str) -> RoutingRecord:
+        """Return the request's history row, waiting for the gateway's next batched write."""
+        request_id = answer if isinstance(answer, str) else answer.request_id
+
+        def find() -> RoutingRecord | None:
+            with self.blocker.unblock():
+                return RoutingRecord.objects.filter(request_id=request_id).first()
+
+        return wait_until(find, timeout_s=5, what=f"no history row for {request_id}")
+
+    def attempt(
+        self, pool: str, name: str, phase: str, status: int | None, retried: bool, reason: str
+    ) -> dict[str, Any]:
+        """Return an attempt as the history stores it."""
+        return {
+            "target_id": self.target_id(pool, name),
+            "target_name": name,
+            "phase": phase,
+            "status": status,
+            "retried": retried,
+            "reason": reason,
+        }
+
+
+def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
+    """Create every pool the tests use; return the target ids by (pool slug, target name)."""
+    ids: dict[tuple[str, str], int] = {}
+    closed_port_url = f"http://127.0.0.1:{free_port()}/v1"
+
+    def pool(slug: str, targets: list[tuple[str, str, dict[str, Any]]], **fields: Any) -> None:
+        created = make_pool(slug, **fields)
+        for position, (name, engine, extra) in enumerate(targets):
+            url = closed_port_url if engine == "closed" else engines[engine].base_url
+            target = make_target(
+                created, name, base_url=url, model_id="demo-8b", position=position, **extra
+            )
+            ids[(slug, name)] = target.pk
+
+    backup = {"priority": 2}
+    # Retries: the faulty target is alone in tier 1, so every request tries it first.
+    pool("connect-retry", [("unreachable", "closed", {}), ("good", "good", backup)])
+    pool("refused-retry", [("refusing", "faulty", {}), ("good", "good", backup)])
+    pool("timeout", [("hanging", "faulty", {}), ("good", "good", backup)])
+    pool("cut", [("cutting", "faulty", {}), ("good", "good", backup)])
+    pool("bad-request", [("first", "good", {}), ("second", "good", backup)])
+    pool("exhausted", [("busy-1", "faulty", {}), ("busy-2", "faulty", backup)])
+    pool("exhausted-history", [("busy-1", "faulty", {}), ("busy-2", "faulty", backup)])
+    pool("refused-alone", [("refusing", "faulty", {})], max_attempts=1)
+    pool("ejection", [("failing", "faulty", {}), ("good", "good", backup)])
+    # Drain: round robin, so that both targets get traffic while both are active.
+    for slug in ("drain", "resume"):
+        pool(
+            slug,
+            [("a", "drain_a", {"capacity_weight": 8}), ("b", "drain_b", {"capacity_weight": 8})],
+            strategy="round_robin",
+        )
+    # Continuity: Smart pools over three engines of their own.
+    for slug in ("sticky", "sticky-busy", "sticky-drain", "sticky-keys"):
+        pool(slug, [(name, name, {"capacity_weight": 4}) for name in ("c1", "c2", "c3")])
+    # Queue: one slot on the slow engine.
+    for slug in ("queue-full", "queue-timeout", "queue-gone", "queue-gone-wait", "queue-estimate"):
+        pool(slug, [("only", "slow", {"capacity_weight": 1})], max_queue=2)
+    pool("queue-fair", [("only", "slow", {"capacity_weight": 1})], max_queue=20)
+    pool("queue-share", [("only", "slow", {"capacity_weight": 1})], max_queue=4)
+    # One slot for chat, and an idle one for embeddings only.
+    for slug in ("queue-kinds", "queue-kinds-order"):
+        pool(
+            slug,
+            [
+                ("chat", "slow", {"capacity_weight": 1, "kinds": ["chat"]}),
+                ("embed", "good", {"capacity_weight": 1, "kinds": ["embeddings"]}),
+            ],
+            max_queue=10,
+        )
+    # Tiers: a small primary on the slow engine, a backup behind it.
+    pool(
+        "tiers",
+        [
+            ("primary", "slow", {"capacity_weight": 2}),
+            ("backup", "good", {"capacity_weight": 4, **backup}),
+        ],
+    )
+    pool("metered", [("meter", "good", {})])
+    return ids
+
+
+@pytest.fixture(scope="module")
+def world(committed_db, django_db_blocker, tmp_path_factory) -> Iterator[World]:
+    prefix = f"test-balancing-{uuid.uuid4().hex[:12]}"
+    with running_simulators(**{name: dict(flags) for name, flags in ENGINES.items()}) as engines:
+        with django_db_blocker.unblock():
+            target_ids = _build_pools(engines)
+            slugs = sorted({slug for slug, _ in target_ids})
+            token_a, token = ApiToken.issue("client a")
+            token_b, other_token = ApiToken.issue("client b")
+        try:
+            with running_nexus(
+                tmp_path_factory.mktemp("balancing"),
+                NEXUS_UPSTREAM_READ_TIMEOUT_S=str(READ_TIMEOUT_S),
+                NEXUS_LEDGER="memory" if settings.NEXUS_BUNDLED_REDIS else "redis",
+                NEXUS_REDIS_PREFIX=prefix,
+            ) as nexus:
+                yield World(nexus, engines, token, other_token, target_ids, django_db_blocker)
+        finally:
+            with django_db_blocker.unblock():
+                Pool.objects.filter(slug__in=slugs).delete()
+                ApiToken.objects.filter(pk__in=[token_a.pk, token_b.pk]).delete()
+            client = redis.Redis.from_url(settings.REDIS_URL)
+            keys = list(client.scan_iter(f"{prefix}:*"))
+            if keys:
+                client.delete(*keys)
+            client.close()
+
+
+@contextmanager
+def faults(engine: Simulator, **settings_: Any) -> Iterator[None]:
+    """Switch faults on for the block, and every fault off after it."""
+    engine.set_faults(**settings_)
+    try:
+        yield
+    finally:
+        engine.clear_faults()
+
+
+def hold_slot(
+    executor: ThreadPoolExecutor, world: World, pool: str, *, tokens: int, token: str | None = None
+) -> Future[Answer]:
+    """Start a stream of `tokens` tokens in the background; return once it holds a slot."""
+    started = threading.Event()
+    future = executor.submit(
+        world.chat, pool, max_tokens=tokens, stream=True, started=started, token=token
+    )
+    wait_until(lambda: started.is_set() or future.done(), timeout_s=5)
+    assert started.is_set(), future.result()
+    return future
+
+
+@contextmanager
+def raw_request(world: World, body: dict[str, Any]) -> Iterator[socket.socket]:
+    """Send a request on a bare socket; leaving the block closes it (the client is gone)."""
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", world.nexus.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer " + world.token.encode() + b"\r\n"
+            b"Content-Type: application/json\r\n"
+            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+        )
+        yield sock
+
+
+def contents(answer: Answer) -> list[str]:
+    """Return the non-empty content deltas of a chat stream."""
+    deltas = []
+    for event in answer.events:
+        if event == "[DONE]":
+            continue
+        for choice in json.loads(event).get("choices", []):
+            if content := choice.get("delta", {}).get("content"):
+                deltas.append(content)
+    return deltas
+
+
+# --- Retries by phase ---------------------------------------------------------------------------
+
+
+def test_a_connect_failure_moves_the_request_to_the_other_target(world: World) -> None:
+    answer = world.chat("connect-retry")
+
+    record = world.record(answer)
+    assert (answer.status, answer.target, answer.attempts) == (200, "good", 2)
+    assert record.outcome == "ok"
+    assert record.attempts == [
+        world.attempt(
+            "connect-retry", "unreachable", "connect", None, True,
+            "retried: connection failed before a response",
+        ),
+        world.attempt("connect-retry", "good", "ok", 200, False, "ok"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_refusal_before_output_moves_the_request_to_the_other_target(
+    world: World, status: int
+) -> None:
+    with faults(world.engines["faulty"], error_rate=1.0, error_codes=[status]):
+        answer = world.chat("refused-retry")
+
+    record = world.record(answer)
+    assert (answer.status, answer.target, answer.attempts) == (200, "good", 2)
+    assert answer.json()["choices"][0]["message"]["content"]
+    assert record.attempts == [
+        world.attempt(
+            "refused-retry", "refusing", "refused_status", status, True,
+            f"retried: {status} before output",
+        ),
+        world.attempt("refused-retry", "good", "ok", 200, False, "ok"),
+    ]  # fmt: skip
+
+
+def test_a_timeout_after_the_request_was_sent_is_not_retried(world: World) -> None:
+    good_before = world.engines["good"].stats()["requests_total"]
+    with faults(world.engines["faulty"], hang=True):
+        answer = world.chat("timeout")
+
+    record = world.record(answer)
+    assert answer.status == 504
+    assert answer.error() == {
+        "message": "Target 'hanging' did not answer in time.",
+        "type": "server_error",
+        "param": None,
+        "code": "target_timeout",
+    }
+    # It waited for the read timeout once, and no other target saw the request.
+    assert READ_TIMEOUT_S <= answer.elapsed_s < READ_TIMEOUT_S + 1.5
+    assert world.engines["good"].stats()["requests_total"] == good_before
+    assert (record.outcome, record.target_name, record.status_code) == (
+        "upstream_error", "hanging", 504,
+    )  # fmt: skip
+    assert record.attempts == [
+        world.attempt(
+            "timeout", "hanging", "ambiguous_timeout", None, False,
+            "not retried: timeout after the request was sent is ambiguous",
+        )
+    ]  # fmt: skip
+
+
+def test_a_stream_cut_after_output_started_ends_with_an_error_event_and_is_not_retried(
+    world: World,
+) -> None:
+    good_before = world.engines["good"].stats()["requests_total"]
+    with faults(world.engines["faulty"], cut_stream_after=3):
+        answer = world.chat("cut", max_tokens=20, stream=True)
+
+    record = world.record(answer)
+    assert (answer.status, answer.target, answer.attempts) == (200, "cutting", 1)
+    assert len(contents(answer)) == 3
+    assert "[DONE]" not in answer.events
+    assert json.loads(answer.events[-1])["error"]["code"] == "stream_interrupted"
+    assert world.engines["good"].stats()["requests_total"] == good_before
+    assert record.outcome == "interrupted"
+    assert record.attempts == [
+        world.attempt(
+            "cut", "cutting", "after_output", 200, False, "not retried: failed after output started"
+        )
+    ]
+
+
+def test_a_client_error_from_the_engine_is_relayed_as_is_and_not_retried(world: World) -> None:
+    # More output than the engine's context (--max-model-len 32768) allows: its own 400.
+    body = chat_body("bad-request", max_tokens=100_000)
+    direct = httpx.post(
+        f"{world.engines['good'].base_url}/chat/completions",
+        json={**body, "model": "demo-8b"},
+        timeout=5,
+    )
+
+    answer = send(world.chat_url, world.token, body)
+
+    record = world.record(answer)
+    assert (answer.status, answer.target, answer.attempts) == (400, "first", 1)
+    assert answer.json() == direct.json()
+    assert answer.error()["code"] == "context_length_exceeded"
+    assert (record.outcome, record.status_code) == ("client_error", 400)
+    assert record.attempts == [
+        world.attempt(
+            "bad-request", "first", "client_error", 400, False,
+            "not retried: 4xx caused by the request",
+        )
+    ]  # fmt: skip
+
+
+def test_when_every_target_refuses_the_client_gets_the_last_503_in_the_openai_shape(
+    world: World,
+) -> None:
+    with faults(world.engines["faulty"], error_rate=1.0, error_codes=[503]):
+        answer = world.chat("exhausted")
+
+    record = world.record(answer)
+    assert (answer.status, answer.target, answer.attempts) == (503, "busy-2", 2)
+    assert set(answer.error()) == {"message", "type", "param", "code"}
+    assert answer.error()["code"] == "service_unavailable"  # the engine's own answer
+    assert (record.outcome, record.target_name, record.status_code) == (
+        "upstream_error", "busy-2", 503,
+    )  # fmt: skip
+
+
+def test_when_every_target_refuses_the_history_lists_each_attempt_once(world: World) -> None:
+    with faults(world.engines["faulty"], error_rate=1.0, error_codes=[503]):
+        answer = world.chat("exhausted-history")
+
+    record = world.record(answer)
+    assert record.attempts == [
+        world.attempt(
+            "exhausted-history", "busy-1", "refused_status", 503, True,
+            "retried: 503 before output",
+        ),
+        world.attempt(
+            "exhausted-history", "busy-2", "refused_status", 503, False,
+            "not retried: attempts exhausted (2 of 2)",
+        ),
+    ]  # fmt: skip
+
+
+def test_a_target_that_refuses_is_ejected_after_its_third_failed_request_not_its_second(
+    world: World,
+) -> None:
+    with faults(world.engines["faulty"], error_rate=1.0, error_codes=[503]):
+        answers = [world.chat("refused-alone") for _ in range(4)]
+
+    # Three consecutive failures eject a target: the first three requests all reach it, the
+    # fourth finds its circuit open.
+    assert [(answer.status, answer.target) for answer in answers[:3]] == [(503, "refusing")] * 3
+    assert (answers[3].status, answers[3].target) == (503, None)
+    assert answers[3].error() == {
+        "message": "Pool 'refused-alone' has no target that can take this chat request now:"
+        " refusing (circuit open).",
+        "type": "server_error",
+        "param": None,
+        "code": "no_target_available",
+    }
+
+
+# --- Ejection and recovery ----------------------------------------------------------------------
+
+
+def test_a_failing_target_is_ejected_after_three_failures_and_readmitted_by_a_half_open_trial(
+    world: World,
+) -> None:
+    with faults(world.engines["faulty"], error_rate=1.0, error_codes=[500]):
+        failures = [world.chat("ejection") for _ in range(3)]
+        ejected_at = time.monotonic()
+        while_ejected = world.chat("ejection")
+    # The fault is gone; the circuit stays open until its cooldown ends.
+    time.sleep(max(0.0, ejected_at + COOLDOWN_S + 0.2 - time.monotonic()))
+    trial = world.chat("ejection")
+    after_trial = world.chat("ejection")
+
+    assert [(answer.status, answer.target) for answer in failures] == [(500, "failing")] * 3
+    assert (while_ejected.status, while_ejected.target) == (200, "good")
+    assert world.record(while_ejected).decision["skipped"] == [
+        {
+            "target_id": world.target_id("ejection", "failing"),
+            "name": "failing",
+            "reason": "circuit open",
+            "detail": "",
+        }
+    ]
+    assert (trial.status, trial.target) == (200, "failing")
+    assert world.record(trial).decision["skipped"] == []
+    assert (after_trial.status, after_trial.target) == (200, "failing")
+
+
+# --- Drain --------------------------------------------------------------------------------------
+
+
+def test_draining_a_target_under_load_fails_no_request_and_it_ends_drained(world: World) -> None:
+    # Given 40 streams arriving every 80 ms (about 5 in flight), when target b is drained after
+    # the 12th:
+    futures: list[Future[Answer]] = []
+    with ThreadPoolExecutor(max_workers=16) as executor:
+        for index in range(40):
+            if index == 12:
+                with world.blocker.unblock():
+                    services.drain_target(Target.objects.get(pk=world.target_id("drain", "b")))
+                drained_at = time.monotonic()
+            futures.append(
+                executor.submit(
+                    world.chat, "drain", content=f"request {index}", max_tokens=15, stream=True
+                )
+            )
+            time.sleep(0.08)
+        answers = [future.result() for future in futures]
+    drained = wait_until(
+        lambda: (target := world.target("drain", "b")).state == TargetState.DRAINED and target,
+        timeout_s=3,
+        what="target b never became drained",
+    )
+
+    # Then no request failed,
+    assert [(answer.status, answer.done) for answer in answers] == [(200, True)] * 40
+    # b served before the drain, and was still serving when it began,
+    assert "b" in {answer.target for answer in answers if answer.started < drained_at}
+    assert any(
+        answer.target == "b" and answer.started < drained_at < answer.finished for answer in answers
+    )
+    # no request that arrived once the drain took effect went to b,
+    late = [answer for answer in answers if answer.started > drained_at + SNAPSHOT_DELAY_S]
+    assert len(late) >= 5
+    assert {answer.target for answer in late} == {"a"}
+    # and b became drained only once its last request had finished.
+    records = [world.record(answer) for answer in answers if answer.target == "b"]
+    last_end = max(
+        record.created_at + timedelta(milliseconds=record.total_ms) for record in records
+    )
+    assert drained.state_changed_at is not None
+    assert drained.state_changed_at >= last_end - timedelta(milliseconds=50)
+
+
+def test_a_drained_target_serves_again_once_resumed(world: World) -> None:
+    with world.blocker.unblock():
+        services.drain_target(Target.objects.get(pk=world.target_id("resume", "b")))
+    wait_until(lambda: world.target("resume", "b").state == TargetState.DRAINED, timeout_s=4)
+    while_drained = [world.chat("resume").target for _ in range(4)]
+
+    with world.blocker.unblock():
+        services.resume_target(Target.objects.get(pk=world.target_id("resume", "b")))
+    back = wait_until(
+        lambda: (answer := world.chat("resume")).target == "b" and answer,
+        timeout_s=4,
+        what="the resumed target got no request",
+    )
+
+    assert while_drained == ["a"] * 4
+    assert back.status == 200
+    assert world.target("resume", "b").state == TargetState.ACTIVE
+
+
+# --- Continuity ---------------------------------------------------------------------------------
+
+
+def turn(
+    world: World, pool: str, number: int, *, headers: dict[str, str] | None = None, **extra: Any
+) -> Answer:
+    """Send turn `number` of one conversation (the earlier turns repeated, as chat apps do)."""
+    messages = [{"role": "user", "content": "Plan three days in Lisbon"}]
+    for earlier in range(1, number):
+        messages += [
+            {"role": "assistant", "content": f"Day {earlier}: the old town"},
+            {"role": "user", "content": f"And after day {earlier}?"},
+        ]
+    body = {"model": f"@pool/{pool}", "messages": messages, "max_tokens": 2, **extra}
+    return send(world.chat_url, world.token, body, headers=headers)
+
+
+def test_a_conversation_with_a_session_id_stays_on_one_target(world: World) -> None:
+    turns = [turn(world, "sticky", number, headers={SESSION: "s1"}) for number in range(1, 5)]
+
+    first = turns[0].target
+    assert first is not None
+    records = [world.record(answer) for answer in turns]
+    assert [answer.target for answer in turns] == [first] * 4
+    assert [record.decision["continuity"] for record in records] == ["none"] + ["kept"] * 3
+    sticky = world.target_id("sticky", first)
+    assert [record.decision["request"]["sticky_target_id"] for record in records] == [
+        None, sticky, sticky, sticky,
+    ]  # fmt: skip
+
+
+def test_a_conversation_moves_when_its_target_drains_and_the_history_says_it_yielded(
+    world: World,
+) -> None:
+    session = {SESSION: "s-drain"}
+    first = turn(world, "sticky-drain", 1, headers=session)
+    assert first.target is not None
+    with world.blocker.unblock():
+        services.drain_target(Target.objects.get(pk=world.target_id("sticky-drain", first.target)))
+
+    # Turns keep coming; within about a second the drain reaches the gateway.
+    number = 2
+    deadline = time.monotonic() + 4
+    while (moved := turn(world, "sticky-drain", number, headers=session)).target == first.target:
+        assert time.monotonic() < deadline, "the conversation never left the draining target"
+        number += 1
+        time.sleep(0.1)
+    following = turn(world, "sticky-drain", number + 1, headers=session)
+
+    # Whether the gateway already knows the target as drained depends on its snapshot's age.
+    assert world.record(moved).decision["continuity"] in {
+        "yielded: sticky target draining",
+        "yielded: sticky target drained",
+    }
+    assert following.target == moved.target
+    assert world.record(following).decision["continuity"] == "kept"
+
+
+def test_a_conversation_yields_when_its_target_is_much_busier_and_the_history_says_so(
+    world: World,
+) -> None:
+    session = {SESSION: "s-busy"}
+    first = turn(world, "sticky-busy", 1, headers=session)
+    assert first.target is not None
+    engine = world.engines[first.target]
+    # Other clients of the same engine keep 3 of the target's 4 slots busy; the gateway learns
+    # it from the engine's /metrics.
+    stop = threading.Event()
+
+    def other_client() -> None:
+        body = {
+            "model": "demo-8b",
+            "messages": [{"role": "user", "content": "a long story"}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST", f"{engine.base_url}/chat/completions", json=body, timeout=15
+        ) as response:
+            for _ in response.iter_lines():
+                if stop.is_set():
+                    return
+
+    with ThreadPoolExecutor(max_workers=3) as executor:
+        others = [executor.submit(other_client) for _ in range(3)]
+        try:
+            wait_until(lambda: engine.stats()["requests_running"] == 3, timeout_s=3)
+            time.sleep(SCRAPE_DELAY_S)
+            second = turn(world, "sticky-busy", 2, headers=session)
+        finally:
+            stop.set()
+        for other in others:
+            other.result()
+
+    record = world.record(second)
+    assert second.status == 200
+    assert second.target != first.target
+    assert re.fullmatch(
+        rf"yielded: score -?\d+\.\d\d vs -?\d+\.\d\d on {second.target}, threshold 0\.25",
+        record.decision["continuity"],
+    ), record.decision["continuity"]
+    ranked = {entry["name"]: entry for entry in record.decision["ranking"]}
+    utilization = {f["name"]: f["value"] for f in ranked[first.target]["factors"]}["utilization"]
+    assert utilization == 1.0  # (3 running + this request) / 4 slots
+
+
+@pytest.mark.parametrize("key", ["prompt_cache_key", "user"])
+def test_the_prompt_cache_key_and_the_user_field_also_keep_a_conversation_together(
+    world: World, key: str
+) -> None:
+    first = turn(world, "sticky-keys", 1, **{key: f"conversation by {key}"})
+    second = turn(world, "sticky-keys", 2, **{key: f"conversation by {key}"})
+
+    assert first.target is not None
+    assert second.target == first.target
+    decision = world.record(second).decision
+    assert decision["continuity"] == "kept"
+    assert decision["request"]["sticky_target_id"] == world.target_id("sticky-keys", first.target)
+
+
+# --- Queue --------------------------------------------------------------------------------------
+
+
+def test_a_request_beyond_a_full_queue_gets_429_with_retry_after(world: World) -> None:
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        holder = hold_slot(executor, world, "queue-full", tokens=25)
+        waiters = [executor.submit(world.chat, "queue-full") for _ in range(2)]
+        time.sleep(0.3)  # both reach the queue (max_queue 2)
+
+        refused = world.chat("queue-full")
+
+        assert not holder.done()
+        answers = [waiter.result() for waiter in waiters]
+    assert refused.status == 429
+    assert refused.error()["code"] == "queue_full"
+    assert refused.error()["type"] == "rate_limit_error"
+    assert "(queue full)" in refused.error()["message"]
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.elapsed_s < 0.5  # refused at once, not after waiting
+    assert [answer.status for answer in answers] == [200, 200]
+    assert holder.result().done
+    record = world.record(refused)
+    assert (record.outcome, record.status_code, record.target_name) == ("queue_full", 429, "")
+
+
+def test_a_request_that_gets_no_slot_within_its_queue_timeout_gets_503(world: World) -> None:
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        holder = hold_slot(executor, world, "queue-timeout", tokens=25)
+
+        late = world.chat("queue-timeout", headers={QUEUE_TIMEOUT: "0.3"})
+
+        assert not holder.done()
+        assert holder.result().done
+    assert late.status == 503
+    assert late.error()["code"] == "queue_timeout"
+    assert 0.3 <= late.elapsed_s < 0.9
+    record = world.record(late)
+    assert record.outcome == "queue_timeout"
+    assert 300 <= record.queue_wait_ms < 600
+
+
+def test_a_waiting_request_whose_client_left_gives_up_its_place_at_once(world: World) -> None:
+    with ThreadPoolExecutor(max_workers=3) as executor:
+        holder = hold_slot(executor, world, "queue-gone", tokens=30)
+        with raw_request(world, chat_body("queue-gone")):
+            time.sleep(0.3)  # it waits in the queue, then its client leaves
+        time.sleep(0.1)
+
+        # The queue holds 2: both fit only if the gone client's place was given up.
+        later = [
+            executor.submit(world.chat, "queue-gone", headers={QUEUE_TIMEOUT: "5"})
+            for _ in range(2)
+        ]
+        answers = [future.result() for future in later]
+        assert holder.result().done
+
+    assert [answer.status for answer in answers] == [200, 200]
+
+    def gone() -> RoutingRecord | None:
+        with world.blocker.unblock():
+            return RoutingRecord.objects.filter(
+                pool__slug="queue-gone", outcome="client_gone"
+            ).first()
+
+    record = wait_until(gone, timeout_s=5, what="no history row for the client that left")
+    assert record.target_id is None
+
+
+def test_the_history_of_a_client_that_left_the_queue_says_how_long_it_waited(
+    world: World,
+) -> None:
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        holder = hold_slot(executor, world, "queue-gone-wait", tokens=15)
+        with raw_request(world, chat_body("queue-gone-wait")):
+            time.sleep(0.3)
+        assert holder.result().done
+
+    def gone() -> RoutingRecord | None:
+        with world.blocker.unblock():
+            return RoutingRecord.objects.filter(
+                pool__slug="queue-gone-wait", outcome="client_gone"
+            ).first()
+
+    record = wait_until(gone, timeout_s=5, what="no history row for the client that left")
+    assert 250 <= record.queue_wait_ms < 1000
+
+
+def test_the_queue_serves_a_lone_request_of_another_token_before_a_busy_tokens_backlog(
+    world: World,
+) -> None:
+    with ThreadPoolExecutor(max_workers=8) as executor:
+        holder = hold_slot(executor, world, "queue-fair", tokens=15)
+        backlog = []
+        for _ in range(6):
+            backlog.append(executor.submit(world.chat, "queue-fair", max_tokens=4))
+            time.sleep(0.04)  # so that they queue in this order
+        lone = executor.submit(world.chat, "queue-fair", max_tokens=4, token=world.other_token)
+        answers = [("A", future.result()) for future in backlog] + [("B", lone.result())]
+        assert holder.result().done
+
+    assert [answer.status for _, answer in answers] == [200] * 7
+    # Tokens take turns: A's first waiter, then B's only one, then the rest of A's.
+    by_completion = sorted(answers, key=lambda pair: pair[1].finished)
+    assert [who for who, _ in by_completion] == ["A", "B", "A", "A", "A", "A", "A"]
+
+
+def test_a_token_over_its_fair_share_of_the_queue_gets_429_while_another_token_waits(
+    world: World,
+) -> None:
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        holder = hold_slot(executor, world, "queue-share", tokens=25)
+        lone = executor.submit(world.chat, "queue-share", token=world.other_token)
+        time.sleep(0.1)
+        backlog = [executor.submit(world.chat, "queue-share") for _ in range(2)]
+        time.sleep(0.3)  # B holds 1 place of 4, A holds 2: A's fair share while B waits
+
+        refused = world.chat("queue-share")
+
+        served = [future.result() for future in (lone, *backlog, holder)]
+    assert refused.status == 429
+    assert refused.error()["code"] == "queue_full"
+    assert "(token over its fair share)" in refused.error()["message"]
+    assert [answer.status for answer in served] == [200] * 4
+
+
+def test_an_embeddings_request_is_not_held_behind_chat_requests_waiting_for_the_chat_slot(
+    world: World,
+) -> None:
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        holder = hold_slot(executor, world, "queue-kinds", tokens=30)
+        waiter = executor.submit(world.chat, "queue-kinds")
+        time.sleep(0.3)  # a chat request waits for the only chat slot
+
+        embedding = send(
+            f"{world.nexus.url}/v1/embeddings",
+            world.token,
+            {"model": "@pool/queue-kinds", "input": "hello"},
+        )
+
+        assert not holder.done()
+        assert waiter.result().status == 200
+    assert (embedding.status, embedding.target) == (200, "embed")
+    assert world.record(embedding).queue_wait_ms == 0.0
+
+
+def test_waiters_of_one_token_are_served_in_arrival_order_beside_an_idle_target_of_another_kind(
+    world: World,
+) -> None:
+    with ThreadPoolExecutor(max_workers=7) as executor:
+        holder = hold_slot(executor, world, "queue-kinds-order", tokens=25)
+        waiters = []
+        for index in range(6):
+            waiters.append(executor.submit(world.chat, "queue-kinds-order", content=f"w{index}"))
+            time.sleep(0.15)  # so that they queue in this order, even on a busy machine
+        answers = [future.result() for future in waiters]
+        assert holder.result().done
+
+    assert [answer.status for answer in answers] == [200] * 6
+    by_completion = sorted(range(6), key=lambda index: answers[index].finished)
+    assert by_completion == [0, 1, 2, 3, 4, 5]
+
+
+def test_retry_after_estimates_the_wait_from_recent_service_times(world: World) -> None:
+    # One request held the only slot for about a second: the pool's recent service time.
+    assert world.chat("queue-estimate", max_tokens=25, stream=True).done
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        hold_slot(executor, world, "queue-estimate", tokens=25)
+        waiters = [executor.submit(world.chat, "queue-estimate") for _ in range(2)]
+        time.sleep(0.3)
+
+        refused = world.chat("queue-estimate")
+
+        for waiter in waiters:
+            waiter.result()
+    # Two waiting ahead and one in service, about a second each, on one slot.
+    assert refused.status == 429
+    assert int(refused.headers["retry-after"]) >= 2
+
+
+# --- Tiers --------------------------------------------------------------------------------------
+
+
+def test_the_second_tier_takes_traffic_only_while_the_first_is_full(world: World) -> None:
+    before = [world.chat("tiers").target for _ in range(3)]
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        holders = [hold_slot(executor, world, "tiers", tokens=25) for _ in range(2)]
+
+        overflow = world.chat("tiers")
+
+        held = [holder.result() for holder in holders]
+    after = world.chat("tiers")
+
+    assert before == ["primary"] * 3
+    assert [answer.target for answer in held] == ["primary", "primary"]
+    assert (overflow.status, overflow.target) == (200, "backup")
+    decision = world.record(overflow).decision
+    assert decision["tier"] == 2
+    assert decision["skipped"] == [
+        {
+            "target_id": world.target_id("tiers", "primary"),
+            "name": "primary",
+            "reason": "full",
+            "detail": "2 of 2 in flight",
+        }
+    ]
+    assert after.target == "primary"
+
+
+def test_the_second_tier_takes_traffic_while_the_first_is_disabled(world: World) -> None:
+    def set_primary_enabled(enabled: bool) -> None:
+        with world.blocker.unblock():
+            primary = Target.objects.get(pk=world.target_id("tiers", "primary"))
+            primary.enabled = enabled
+            primary.save()
+
+    def first_reaching(name: str) -> Callable[[], Answer | None]:
+        return lambda: (answer := world.chat("tiers")).target == name and answer or None
+
+    set_primary_enabled(False)
+    try:
+        moved = wait_until(first_reaching("backup"), timeout_s=4)
+    finally:
+        set_primary_enabled(True)
+    back = wait_until(first_reaching("primary"), timeout_s=4)
+
+    assert world.record(moved).decision["skipped"] == [
+        {
+            "target_id": world.target_id("tiers", "primary"),
+            "name": "primary",
+            "reason": "disabled",
+            "detail": "",
+        }
+    ]
+    assert world.record(back).decision["tier"] == 1
+
+
+# --- Metrics ------------------------------------------------------------------------------------
+
+
+def test_the_metrics_count_a_pools_requests_by_target_and_outcome(world: World) -> None:
+    for _ in range(3):
+        assert world.chat("metered").status == 200
+
+    def served() -> float:
+        response = httpx.get(f"{world.nexus.url}/metrics", timeout=5)
+        assert response.status_code == 200
+        samples = {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+        }
+        labels = frozenset({"pool": "metered", "target": "meter", "outcome": "ok"}.items())
+        return samples.get(("nexus_requests_total", labels), 0.0)
+
+    # Counted as each request ends, which may be a moment after its last byte reached us.
+    assert wait_until(lambda: served() == 3.0, timeout_s=3)
