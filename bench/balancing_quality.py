@@ -1,0 +1,483 @@
+"""How well each strategy balances a fleet of unequal engines: time to first token, in one run.
+
+The fleet is three simulated engines on 127.0.0.1 with prefix caches (printed at the start):
+a fast one with many slots, a medium one and a slow one with few. One Nexus (daphne, pinned to
+CPU 0) fronts them with one pool per strategy (smart, round_robin, least_busy, capacity,
+priority), each over the same three engines, every target's capacity_weight set to its engine's
+concurrency. The engines and this load generator share CPU 1. The configured order is fast,
+medium, slow: the count-based strategies break ties by it, so it favours them, not Smart.
+
+The workload, identical for every strategy: N users, each holding multi-turn conversations
+(every turn resends the growing history, so the engine that served the previous turn has most of
+the prompt in its prefix cache) with `X-Nexus-Session-Id` per conversation, streaming, a fixed
+number of output tokens. Turns arrive as one seeded Poisson process, computed in advance (the
+same arrival times for every strategy), each owned by a user drawn at random, so the load stays
+steady until the last turn; a turn whose predecessor (same user) is still streaming waits for it.
+The rate is a share (`--load`, 0.8 by default) of the fleet's throughput with every slot busy,
+computed from the engines' flags. Each strategy's measured phase is bounded by its turn count and
+a time cap; an unmeasured warm-up fills every slot twice before it (so every pool starts with
+latency samples on all three engines) and an idle pause follows it. Nothing is restarted between
+strategies: instead each strategy's conversation texts (system prompt included) carry its name,
+so no strategy finds another's prefixes cached.
+
+Reading the table: TTFT is measured by the client, from sending the request to the first chunk
+with content. `share` is where the turns went (from the `X-Nexus-Target` header, in the order
+fast/medium/slow); `queued` and `queue p99` come from Nexus's routing history (the turns that
+waited for a slot, and the 99th percentile of the wait over all turns); `cache` is the engines'
+prefix-cache hit rate in prompt tokens; `gw CPU` and `cpu1` are the gateway's and the engines +
+load generator's CPU in percent of one core (both should stay well below 100 % for the numbers to
+measure balancing, not CPU starvation). The issue's bar: Smart's p90 TTFT below Round robin's and
+Least busy's (`--strict` exits 1 when it is missed).
+
+Usage: python bench/balancing_quality.py [--users 48] [--turns 600] [--load 0.8] [--strict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gateway_overhead import (  # noqa: E402
+    GATEWAY_CPU,
+    OTHER_CPU,
+    configure,
+    cpu_ms,
+    daphne_argv,
+    free_port,
+    spawn,
+    stop,
+    wait_http,
+)
+
+STRATEGIES = ("smart", "round_robin", "least_busy", "capacity", "priority")
+MAX_TOKENS = 32
+SLOWDOWN = 0.5  # the simulator's default: per-token time × 1.5 with every slot busy
+BLOCK_SIZE = 16
+# Large enough for every strategy's conversations (~20 blocks each): evictions would measure the
+# cache size, not whether a strategy keeps a conversation where its prefix is.
+CACHE_BLOCKS = 4096
+SYSTEM_WORDS = 48  # three cache blocks shared by every conversation of a strategy
+USER_WORDS = (30, 50)  # words per user message, drawn uniformly
+CONVERSATION_TURNS = 4
+PAUSE_S = 3.0  # idle between phases: longer than the gateway's 2 s engine-reading staleness
+PHASE_LIMIT_S = 90.0  # per strategy's measured phase, whatever the turn count
+REQUEST_TIMEOUT_S = 60.0
+_WORDS = (
+    "balance engine latency queue token prefix cache slot stream answer question model request "
+    "session history turn target pool capacity weight priority tier health drain retry budget "
+    "window sample median score factor warm cold fleet node replica service route gateway relay "
+    "chunk header body prompt system user assistant context length block hash memory throughput"
+)
+VOCABULARY = tuple(_WORDS.split())
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One simulated engine's speed and size."""
+
+    name: str
+    ttft_ms: float
+    tpot_ms: float
+    concurrency: int
+
+    def full_load_turns_per_s(self) -> float:
+        """Return turns/s with every slot busy (no prefix hits: the conservative rate)."""
+        per_token_s = self.tpot_ms / 1000 * (1 + SLOWDOWN)
+        return self.concurrency / (self.ttft_ms / 1000 + (MAX_TOKENS - 1) * per_token_s)
+
+    def argv(self, port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "serving.runtimes.simulator", "--port", str(port),
+            "--model", "bench-model", "--ttft-ms", str(self.ttft_ms),
+            "--tpot-ms", str(self.tpot_ms), "--concurrency", str(self.concurrency),
+            "--slowdown", str(SLOWDOWN), "--prefix-cache-blocks", str(CACHE_BLOCKS),
+            "--block-size", str(BLOCK_SIZE),
+        ]  # fmt: skip
+
+
+FLEET = (Engine("fast", 60, 8, 8), Engine("medium", 120, 15, 6), Engine("slow", 250, 30, 4))
+
+
+@dataclass
+class Turn:
+    """One measured request."""
+
+    target: str
+    ttft_s: float | None
+    tokens: int
+    done_at: float
+    error: str = ""
+
+
+@dataclass
+class Phase:
+    """One strategy's measured phase."""
+
+    strategy: str
+    turns: list[Turn] = field(default_factory=list)
+    seconds: float = 0.0
+    gateway_cpu_s: float = 0.0
+    other_cpu_s: float = 0.0
+    cache_hit: float = 0.0
+    queued: float = 0.0
+    queue_p99_ms: float = 0.0
+    continuity: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> list[Turn]:
+        return [turn for turn in self.turns if not turn.error]
+
+    def ttft_ms(self, q: float) -> float:
+        return percentile([turn.ttft_s * 1000 for turn in self.ok if turn.ttft_s is not None], q)
+
+    def share(self, name: str) -> float:
+        return sum(turn.target == name for turn in self.ok) / max(1, len(self.ok))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choice(VOCABULARY) for _ in range(count))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The workload: every user's arrival offsets and message lengths, the same per strategy."""
+
+    dues: list[list[float]]  # per user, when each turn is due (seconds from the phase's start)
+    lengths: list[list[int]]  # per user, words in each user message
+
+    @classmethod
+    def build(cls, users: int, turns: int, rate: float, seed: int) -> Plan:
+        # One Poisson stream split at random among the users is the same as a Poisson stream
+        # per user, but ends after `turns` turns at rate × time, not at the slowest user's end.
+        rng = random.Random(seed)
+        dues: list[list[float]] = [[] for _ in range(users)]
+        lengths: list[list[int]] = [[] for _ in range(users)]
+        due = 0.0
+        for _ in range(turns):
+            due += rng.expovariate(rate)
+            user = rng.randrange(users)
+            dues[user].append(due)
+            lengths[user].append(rng.randint(*USER_WORDS))
+        return cls(dues, lengths)
+
+
+class Load:
+    """Streams chat turns at a pool through Nexus and keeps what the client saw."""
+
+    def __init__(self, base: str, token: str, pool: str, salt: str) -> None:
+        self.url = f"{base}/v1/chat/completions"
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.model = f"@pool/{pool}"
+        self.salt = salt  # in every text: no strategy reuses another's cached prefixes
+        # The same system prompt for every conversation, like one app's: it is cached everywhere.
+        self.system = f"bench {salt} " + words(random.Random(salt), SYSTEM_WORDS - 2)
+
+    async def turn(
+        self, session: aiohttp.ClientSession, session_id: str, messages: list[dict[str, str]]
+    ) -> tuple[Turn, str]:
+        """Send one streamed turn; return what was measured and the assistant's text."""
+        body = {
+            "model": self.model,
+            "messages": [{"role": "system", "content": self.system}, *messages],
+            "stream": True,
+            "max_tokens": MAX_TOKENS,
+        }
+        headers = dict(self.headers, **{"X-Nexus-Session-Id": session_id})
+        parts: list[str] = []
+        first: float | None = None
+        target, error = "", ""
+        started = time.perf_counter()
+        try:
+            async with session.post(self.url, json=body, headers=headers) as response:
+                target = response.headers.get("X-Nexus-Target", "")
+                if response.status != 200:
+                    error = f"HTTP {response.status}"
+                    await response.read()
+                else:
+                    done = False
+                    async for line in response.content:
+                        if not line.startswith(b"data: "):
+                            continue
+                        data = line[6:].strip()
+                        if data == b"[DONE]":
+                            done = True
+                            break
+                        event = json.loads(data)
+                        if "error" in event:
+                            error = event["error"].get("code") or "stream error"
+                            break
+                        for choice in event.get("choices", ()):
+                            content = choice.get("delta", {}).get("content")
+                            if content:
+                                if first is None:
+                                    first = time.perf_counter()
+                                parts.append(content)
+                    if not done and not error:
+                        error = "stream ended without [DONE]"
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            error = type(exc).__name__
+        ttft = first - started if first is not None else None
+        return Turn(target, ttft, len(parts), time.perf_counter(), error), "".join(parts)
+
+    async def user(
+        self,
+        session: aiohttp.ClientSession,
+        index: int,
+        dues: list[float],
+        lengths: list[int],
+        t0: float,
+        deadline: float,
+        into: list[Turn],
+    ) -> None:
+        """Hold conversations of CONVERSATION_TURNS turns, one after another."""
+        rng = random.Random(f"{self.salt}/{index}")
+        messages: list[dict[str, str]] = []
+        for number, (due, length) in enumerate(zip(dues, lengths, strict=True)):
+            if number % CONVERSATION_TURNS == 0:
+                messages = []  # a new conversation, with its own session id
+                session_id = f"{self.salt}-u{index}-c{number // CONVERSATION_TURNS}"
+            await asyncio.sleep(max(0.0, t0 + due - time.perf_counter()))
+            if time.perf_counter() >= deadline:
+                return
+            messages.append({"role": "user", "content": words(rng, length)})
+            turn, answer = await self.turn(session, session_id, messages)
+            into.append(turn)
+            messages.append({"role": "assistant", "content": answer})
+
+
+async def drive(load: Load, plan: Plan, limit_s: float) -> tuple[list[Turn], float]:
+    """Run every user's plan against the pool; return the turns and the phase's seconds."""
+    turns: list[Turn] = []
+    connector = aiohttp.TCPConnector(limit=len(plan.dues) + 8)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(
+            *(
+                load.user(session, i, dues, lengths, t0, t0 + limit_s, turns)
+                for i, (dues, lengths) in enumerate(zip(plan.dues, plan.lengths, strict=True))
+            )
+        )
+        return turns, time.perf_counter() - t0
+
+
+async def warm_up(load: Load, slots: int) -> None:
+    """Fill every slot twice with single-turn chats (unmeasured): each engine gets samples."""
+    connector = aiohttp.TCPConnector(limit=slots + 8)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        rng = random.Random(f"warm-{load.salt}")
+        for round_ in range(2):
+            await asyncio.gather(
+                *(
+                    load.turn(
+                        session,
+                        f"warm-{load.salt}-{round_}-{i}",
+                        [{"role": "user", "content": words(rng, 40)}],
+                    )
+                    for i in range(slots)
+                )
+            )
+
+
+def sim_stats(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/sim/stats", timeout=5) as response:
+        return json.load(response)
+
+
+def cache_counts(ports: list[int]) -> tuple[float, float]:
+    """Return the fleet's prefix-cache (queried, hit) prompt tokens so far."""
+    stats = [sim_stats(port) for port in ports]
+    return (
+        sum(s["prefix_cache_queried_tokens"] for s in stats),
+        sum(s["prefix_cache_hit_tokens"] for s in stats),
+    )
+
+
+def history(phase: Phase, pool_slug: str, since: float) -> None:
+    """Read queue waits and continuity decisions from Nexus's routing history (the ORM)."""
+    from datetime import UTC, datetime
+
+    from pools.models import RoutingRecord
+
+    rows = RoutingRecord.objects.filter(
+        pool__slug=pool_slug, created_at__gte=datetime.fromtimestamp(since, UTC)
+    ).values_list("queue_wait_ms", "decision")
+    waits = [wait for wait, _ in rows]
+    phase.queued = sum(wait > 0 for wait in waits) / max(1, len(waits))
+    phase.queue_p99_ms = percentile(waits, 0.99) if waits else 0.0
+    for _, decision in rows:
+        continuity = decision.get("continuity", "none")
+        phase.continuity[continuity.split(":")[0]] += 1
+
+
+def create_pools(ports: dict[str, int]) -> None:
+    """One pool per strategy over the same engines, capacity_weight = the engine's slots."""
+    from pools.models import Pool, Target
+
+    for strategy in STRATEGIES:
+        pool = Pool.objects.create(name=strategy, slug=strategy, strategy=strategy)
+        for position, engine in enumerate(FLEET):
+            Target.objects.create(
+                pool=pool, name=engine.name, position=position, model_id="bench-model",
+                base_url=f"http://127.0.0.1:{ports[engine.name]}/v1",
+                capacity_weight=engine.concurrency,
+            )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=48)
+    parser.add_argument("--turns", type=int, default=600, help="measured turns per strategy")
+    parser.add_argument("--load", type=float, default=0.8, help="offered share of capacity")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--strict", action="store_true", help="exit 1 if Smart misses the bar")
+    args = parser.parse_args()
+    # The load generator and the engines share CPU 1; the gateway has CPU 0 to itself.
+    os.sched_setaffinity(0, OTHER_CPU)
+
+    capacity = sum(engine.full_load_turns_per_s() for engine in FLEET)
+    rate = args.load * capacity
+    plan = Plan.build(args.users, args.turns, rate, args.seed)
+    print("balancing quality: heterogeneous fleet, one pool per strategy, the same workload")
+    for engine in FLEET:
+        print(
+            f"  engine {engine.name:<7} ttft {engine.ttft_ms:>4.0f} ms  tpot "
+            f"{engine.tpot_ms:>3.0f} ms  concurrency {engine.concurrency}  "
+            f"≈ {engine.full_load_turns_per_s():.1f} turns/s at full load"
+        )
+    print(
+        f"  prefix cache {CACHE_BLOCKS} blocks of {BLOCK_SIZE} words per engine; slowdown "
+        f"{SLOWDOWN}; no engine restarts: each strategy's texts are its own"
+    )
+    print(
+        f"  workload: {args.turns} turns per strategy from {args.users} users (conversations of "
+        f"{CONVERSATION_TURNS} turns), {MAX_TOKENS}-token streams, Poisson arrivals at "
+        f"{rate:.1f} turns/s = {args.load:.0%} of the fleet's {capacity:.1f} turns/s",
+        flush=True,
+    )
+
+    with tempfile.TemporaryDirectory(prefix="nexus-bench-") as tmp:
+        tmp_path = Path(tmp)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_DATA_DIR=str(tmp_path))
+        env.pop("DATABASE_URL", None)
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            ports: dict[str, int] = {}
+            for engine in FLEET:
+                port = ports[engine.name] = free_port()
+                process = spawn(engine.argv(port), env, OTHER_CPU, tmp_path / f"{engine.name}.log")
+                processes.append(process)
+                wait_http(f"http://127.0.0.1:{port}/health", process)
+            # Saving a pool pushes to the pages' channel layer: Redis must be up first.
+            from nexus import embedded_redis
+            from nexus.env import bundled_redis_socket
+
+            processes.append(embedded_redis.start(bundled_redis_socket(tmp_path)))
+            token = configure(tmp_path, {})  # Django, the database and a token; no pools
+            create_pools(ports)
+            port = free_port()
+            gateway = spawn(
+                daphne_argv(port, "nexus.asgi:application"), env, GATEWAY_CPU,
+                tmp_path / "daphne.log",
+            )  # fmt: skip
+            processes.append(gateway)
+            wait_http(f"http://127.0.0.1:{port}/healthz", gateway)
+            helpers = [p.pid for p in processes if p is not gateway]
+            phases = [
+                run_phase(strategy, f"http://127.0.0.1:{port}", token, plan, ports, gateway.pid,
+                          helpers)
+                for strategy in STRATEGIES
+            ]  # fmt: skip
+        finally:
+            for process in reversed(processes):
+                stop(process)
+    met = report(phases)
+    if args.strict and not met:
+        sys.exit(1)
+
+
+def run_phase(
+    strategy: str, base: str, token: str, plan: Plan, ports: dict[str, int], gateway_pid: int,
+    helpers: list[int],
+) -> Phase:  # fmt: skip
+    """Warm up, measure and read back one strategy's phase."""
+    load = Load(base, token, strategy, salt=strategy)
+    asyncio.run(warm_up(load, sum(engine.concurrency for engine in FLEET)))
+    time.sleep(PAUSE_S)
+    phase = Phase(strategy)
+    engine_ports = list(ports.values())
+    queried, hits = cache_counts(engine_ports)
+    gw_before = cpu_ms(gateway_pid)
+    others_before = sum(cpu_ms(pid) for pid in helpers) + time.process_time() * 1000
+    since = time.time()
+    phase.turns, phase.seconds = asyncio.run(drive(load, plan, PHASE_LIMIT_S))
+    phase.gateway_cpu_s = (cpu_ms(gateway_pid) - gw_before) / 1000
+    others = sum(cpu_ms(pid) for pid in helpers) + time.process_time() * 1000
+    phase.other_cpu_s = (others - others_before) / 1000
+    queried_after, hits_after = cache_counts(engine_ports)
+    phase.cache_hit = (hits_after - hits) / max(1.0, queried_after - queried)
+    time.sleep(PAUSE_S)  # queues drain; the history writer flushes every 250 ms
+    history(phase, strategy, since)
+    print(f"  {strategy}: {len(phase.turns)} turns in {phase.seconds:.1f} s", flush=True)
+    return phase
+
+
+def report(phases: list[Phase]) -> bool:
+    """Print the table and Smart's ratios; return whether Smart met the bar."""
+    names = "/".join(engine.name for engine in FLEET)
+    print(
+        f"{'strategy':<12}{'turns':>6}{'err':>5}{'p50 TTFT':>10}{'p90 TTFT':>10}{'p99 TTFT':>10}"
+        f"{'turns/s':>9}{'tok/s':>7}  {'share ' + names:<26}{'queued':>7}{'queue p99':>10}"
+        f"{'cache':>7}{'gw CPU':>8}{'cpu1':>6}"
+    )
+    for phase in phases:
+        ok = phase.ok
+        seconds = max(phase.seconds, 1e-9)
+        share = "/".join(f"{phase.share(engine.name):.0%}" for engine in FLEET)
+        print(
+            f"{phase.strategy:<12}{len(phase.turns):>6}{len(phase.turns) - len(ok):>5}"
+            f"{phase.ttft_ms(0.5):>8.0f}ms{phase.ttft_ms(0.9):>8.0f}ms{phase.ttft_ms(0.99):>8.0f}ms"
+            f"{len(ok) / seconds:>9.1f}{sum(t.tokens for t in ok) / seconds:>7.0f}  {share:<26}"
+            f"{phase.queued:>7.0%}{phase.queue_p99_ms:>8.0f}ms{phase.cache_hit:>7.0%}"
+            f"{phase.gateway_cpu_s / seconds:>8.0%}{phase.other_cpu_s / seconds:>6.0%}"
+        )
+    errors = Counter(turn.error for phase in phases for turn in phase.turns if turn.error)
+    if errors:
+        print("errors: " + ", ".join(f"{error} ×{n}" for error, n in errors.most_common()))
+    by_name = {phase.strategy: phase for phase in phases}
+    smart = by_name["smart"].ttft_ms(0.9)
+    continuity = by_name["smart"].continuity
+    print("smart continuity decisions: " + ", ".join(f"{k} {v}" for k, v in continuity.items()))
+    rr, lb = by_name["round_robin"].ttft_ms(0.9), by_name["least_busy"].ttft_ms(0.9)
+    print(f"smart p90 TTFT = {smart / rr:.2f} × round_robin, {smart / lb:.2f} × least_busy")
+    met = smart < rr and smart < lb
+    verdict = "met" if met else "MISSED"
+    print(f"bar (smart p90 TTFT below round_robin's and least_busy's): {verdict}")
+    return met
+
+
+if __name__ == "__main__":
+    main()
