@@ -25,6 +25,8 @@ from pathlib import Path
 import aiohttp
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Run as a script from anywhere: the project's packages come from the repository root.
+sys.path.insert(0, str(REPO_ROOT))
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GATEWAY_CPU = {0}
 OTHER_CPU = {1} if os.cpu_count() and os.cpu_count() > 1 else {0}
@@ -106,7 +108,6 @@ def configure(data_dir: Path, sim_urls: dict[str, str]) -> str:
     os.environ["NEXUS_DATA_DIR"] = str(data_dir)
     os.environ.pop("DATABASE_URL", None)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nexus.settings")
-    sys.path.insert(0, str(REPO_ROOT))
     import django
 
     django.setup()

@@ -82,13 +82,18 @@ HISTORY_DROPPED = Counter(
 # Every series used so far, with the pool and target it belongs to (the target is None for
 # per-pool series), so that the series of deleted pools and targets can be removed.
 _series: dict[tuple[MetricWrapperBase, tuple[str, ...]], tuple[str, str | None]] = {}
+# The labelled children themselves: labels() takes a lock and validates on every call, which
+# the hot path should pay once per series, not per request.
+_children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
 
 
 def _child(metric: MetricWrapperBase, pool: str, target: str | None, *labels: str) -> Any:
     key = (metric, labels)
-    if key not in _series:
+    child = _children.get(key)
+    if child is None:
         _series[key] = (pool, target)
-    return metric.labels(*labels)
+        child = _children[key] = metric.labels(*labels)
+    return child
 
 
 def observe_request(
@@ -135,6 +140,7 @@ def retain(targets: Collection[tuple[str, str]]) -> None:
             keep = (pool, target) in live
         if not keep:
             del _series[(metric, labels)]
+            _children.pop((metric, labels), None)
             metric.remove(*labels)
 
 
