@@ -1,4 +1,5 @@
-"""Suite-wide setup: the bundled Redis when REDIS_URL is unset, and a committed test database."""
+"""Suite-wide setup: the bundled Redis when REDIS_URL is unset, a committed test database, and
+the admin API's personas (owner: staff; teammate: signed in, not staff; outsider: anonymous)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Iterator
 import pytest
 from django.conf import settings
 from django.db import connection
+from rest_framework.test import APIClient
 
 from nexus import embedded_redis
 from nexus.env import bundled_redis_socket
+from tests.nexus.factories import make_user
 
 _bundled_redis: subprocess.Popen[bytes] | None = None
 # The configured (non-test) database; a connection still naming it has no test database yet.
@@ -45,3 +48,22 @@ def committed_db(django_db_setup: None, django_db_blocker) -> Iterator[None]:
     if created is not None:
         with django_db_blocker.unblock():
             teardown_databases(created, verbosity=0)
+
+
+@pytest.fixture
+def owner(db: None) -> APIClient:
+    client = APIClient()
+    client.force_login(make_user("owner", staff=True))
+    return client
+
+
+@pytest.fixture
+def teammate(db: None) -> APIClient:
+    client = APIClient()
+    client.force_login(make_user("teammate"))
+    return client
+
+
+@pytest.fixture
+def outsider() -> APIClient:
+    return APIClient()

@@ -14,20 +14,6 @@ from tests.nexus.factories import make_pool, make_user
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def owner() -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("owner", staff=True))
-    return client
-
-
-@pytest.fixture
-def teammate() -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("teammate"))
-    return client
-
-
 def bearer(secret: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")

@@ -15,25 +15,6 @@ pytestmark = pytest.mark.django_db
 PROVIDER_KEY = "sk-provider-0123456789abcdef"
 
 
-@pytest.fixture
-def owner() -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("owner", staff=True))
-    return client
-
-
-@pytest.fixture
-def teammate() -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("teammate"))
-    return client
-
-
-@pytest.fixture
-def outsider() -> APIClient:
-    return APIClient()
-
-
 def token_client(**scope: object) -> APIClient:
     """Return a client that calls with a token issued by a staff user."""
     _, secret = ApiToken.issue("automation", created_by=make_user("robot", staff=True), **scope)

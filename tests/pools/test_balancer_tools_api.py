@@ -8,24 +8,10 @@ import pytest
 from rest_framework.test import APIClient
 
 from pools.models import RoutingOutcome, RoutingRecord, Target, TargetState
-from tests.nexus.factories import make_pool, make_target, make_user
+from tests.nexus.factories import make_pool, make_target
 from tests.support.simulator import Simulator, free_port, running_simulator
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def owner() -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("owner", staff=True))
-    return client
-
-
-@pytest.fixture
-def teammate() -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("teammate"))
-    return client
 
 
 @pytest.fixture(scope="module")

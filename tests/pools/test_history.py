@@ -273,20 +273,6 @@ async def test_a_batch_written_twice_stores_each_request_once(pool: Pool) -> Non
 
 
 @pytest.fixture
-def teammate() -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("teammate"))
-    return client
-
-
-@pytest.fixture
-def owner() -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("owner", staff=True))
-    return client
-
-
-@pytest.fixture
 def two_pools() -> tuple[Pool, Pool]:
     """Pool chat with targets a and b, pool code with target c, and five requests between them."""
     chat, code = make_pool("chat"), make_pool("code")
