@@ -151,14 +151,22 @@ class Router:
             try:
                 failure = await self._attempt(send, flight, target, attempt)
             finally:
-                await self.state.ledger.release(lease)
-                # How long a slot stays taken: the queue's wait estimate (Retry-After) uses it.
-                queue = self.state.queue(flight.pool, flight.kind)
-                queue.record_service_time(time.monotonic() - claimed_at)
-                self.state.freed(flight.pool, target)
+                # Shielded: a client that leaves (even just after its answer ended) cancels
+                # this task, and must not cancel giving the slot back with it.
+                await asyncio.shield(self._free(flight, target, lease, claimed_at))
             if failure is None:
                 return
             exclude.add(target.id)
+
+    async def _free(
+        self, flight: Flight, target: TargetEntry, lease: Lease, claimed_at: float
+    ) -> None:
+        """Give the slot back and hand it to a waiter."""
+        # How long a slot stays taken: the queue's wait estimate (Retry-After) uses it.
+        queue = self.state.queue(flight.pool, flight.kind)
+        queue.record_service_time(time.monotonic() - claimed_at)
+        await self.state.ledger.release(lease)
+        self.state.freed(flight.pool, target)
 
     async def _claim(self, flight: Flight, exclude: set[int]) -> tuple[TargetEntry, Lease]:
         """Return the target the balancer picks and a slot on it, waiting in the queue if full."""

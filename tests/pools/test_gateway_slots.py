@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from nexus import upstream
 from nexus.models import ApiToken
+from pools.balancer.retry import RetryBudget
 from pools.gateway.app import Gateway
-from pools.gateway.ledger import MemoryLedger
+from pools.gateway.ledger import LoadLedger, MemoryLedger, RedisLedger
 from pools.gateway.state import GatewayState
 from pools.models import Pool, Target
 from tests.support.simulator import Simulator, free_port, running_simulator
@@ -28,7 +31,7 @@ def engine() -> Iterator[Simulator]:
 class Client:
     """Drive the ASGI app as a server would; `leave()` makes the client disconnect."""
 
-    def __init__(self, body: dict[str, Any], token: str) -> None:
+    def __init__(self, body: dict[str, Any], token: str, *, hang_up: bool = False) -> None:
         raw = json.dumps(body).encode()
         self.scope = {
             "type": "http",
@@ -43,6 +46,7 @@ class Client:
         self.incoming.put_nowait({"type": "http.request", "body": raw, "more_body": False})
         self.sent: list[dict] = []
         self.first_body = asyncio.Event()
+        self.hang_up = hang_up  # close the connection as soon as the answer is complete
 
     async def receive(self) -> dict:
         return await self.incoming.get()
@@ -51,13 +55,22 @@ class Client:
         self.sent.append(message)
         if message["type"] == "http.response.body" and message.get("body"):
             self.first_body.set()
+        if self.hang_up and message["type"] == "http.response.body" and not message["more_body"]:
+            self.leave()
 
     def leave(self) -> None:
         self.incoming.put_nowait({"type": "http.disconnect"})
 
 
+def redis_ledger() -> RedisLedger:
+    return RedisLedger(settings.REDIS_URL, prefix=f"test-slots-{uuid.uuid4().hex}")
+
+
+@pytest.mark.parametrize("make_ledger", [MemoryLedger, redis_ledger], ids=["memory", "redis"])
 @pytest.mark.django_db(transaction=True)
-async def test_no_slot_leaks_when_clients_leave_targets_fail_or_answer(engine: Simulator) -> None:
+async def test_no_slot_leaks_when_clients_leave_targets_fail_or_answer(
+    engine: Simulator, make_ledger: Callable[[], LoadLedger]
+) -> None:
     def configure() -> tuple[str, int, int]:
         pool = Pool.objects.create(name="Slots", slug="slots", strategy="round_robin")
         live = Target.objects.create(
@@ -70,23 +83,29 @@ async def test_no_slot_leaks_when_clients_leave_targets_fail_or_answer(engine: S
         return ApiToken.issue("slots")[1], live.pk, dead.pk
 
     token, live, dead = await sync_to_async(configure)()
-    ledger = MemoryLedger()
-    app = Gateway(state=GatewayState(ledger=ledger))
+    ledger = make_ledger()
+    state = GatewayState(ledger=ledger)
+    # Every request whose first target is the dead one retries at once: let them all.
+    state.budget = RetryBudget(minimum=10)
+    app = Gateway(state=state)
     body = {"model": "@pool/slots", "messages": [{"role": "user", "content": "hi"}]}
 
-    # Streams the client abandons after the first chunk, plain answers, and requests whose
-    # first target refuses the connection (retried on the other): all at once.
+    # Streams the client abandons after the first chunk, plain answers (half of them hang up the
+    # moment their answer is complete, as clients do), and requests whose first target refuses
+    # the connection (retried on the other): all at once.
     leaving = [Client({**body, "stream": True, "max_tokens": 50}, token) for _ in range(4)]
-    staying = [Client({**body, "max_tokens": 3}, token) for _ in range(6)]
+    staying = [Client({**body, "max_tokens": 3}, token, hang_up=i % 2 == 0) for i in range(6)]
     calls = [asyncio.create_task(app(c.scope, c.receive, c.send)) for c in [*leaving, *staying]]
     await asyncio.wait_for(asyncio.gather(*(c.first_body.wait() for c in leaving)), 10)
     for client in leaving:
         client.leave()
     await asyncio.wait_for(asyncio.gather(*calls), 10)
+    await asyncio.sleep(0.2)  # releases shielded from a hang-up finish in the background
+    await ledger.refresh([live, dead])
+    in_flight = (ledger.in_flight(live), ledger.in_flight(dead))
     await app.aclose()
     await upstream.close()
 
     assert [c.sent[0]["status"] for c in staying] == [200] * 6
-    assert ledger.in_flight(live) == 0
-    assert ledger.in_flight(dead) == 0
+    assert in_flight == (0, 0)
     assert engine.stats()["requests_running"] == 0
