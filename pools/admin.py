@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from pools import services
 from pools.models import Pool, RequestKind, RoutingRecord, Target
 
 
@@ -102,11 +103,30 @@ class TargetAdmin(admin.ModelAdmin):
         "priority",
         "capacity_weight",
         "enabled",
+        "state",
         "credential_stored",
     ]
-    list_filter = ["enabled", "priority", "pool"]
+    list_filter = ["enabled", "state", "priority", "pool"]
     search_fields = ["name", "model_id", "base_url", "pool__slug", "pool__name"]
     list_select_related = ["pool"]
+    readonly_fields = ["state", "state_changed_at"]
+    actions = ["drain", "resume"]
+
+    @admin.action(description="Drain selected targets")
+    def drain(self, request: HttpRequest, targets: QuerySet[Target]) -> None:
+        for target in targets:
+            services.drain_target(target)
+        self.message_user(request, f"Draining {len(targets)} target(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume selected targets")
+    def resume(self, request: HttpRequest, targets: QuerySet[Target]) -> None:
+        for target in targets:
+            try:
+                services.resume_target(target)
+            except services.CannotResume as refusal:
+                self.message_user(request, str(refusal), messages.ERROR)
+            else:
+                self.message_user(request, f"{target.name} resumed.", messages.SUCCESS)
 
     @admin.display(description="Credential", boolean=True)
     def credential_stored(self, target: Target) -> bool:

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from nexus.models import ApiToken, ConfigVersion, hash_token
-from pools.models import Pool, Target
+from pools.models import Pool, Target, TargetState
 from tests.nexus.factories import make_pool, make_target, make_user
 
 pytestmark = pytest.mark.django_db
@@ -191,3 +191,24 @@ def test_a_pool_is_added_with_an_inline_target_and_its_credential(owner: Client)
         ["chat", "embeddings"],
     )
     assert target.get_credential() == PROVIDER_KEY
+
+
+def test_the_drain_and_resume_actions_change_a_targets_state(owner: Client) -> None:
+    pool = make_pool("chat")
+    target = make_target(pool, "gone", base_url="http://127.0.0.1:9/v1")
+    url = "/admin/pools/target/"
+
+    drained = owner.post(url, {"action": "drain", "_selected_action": [str(target.pk)]})
+    target.refresh_from_db()
+    state_after_drain = target.state
+    resumed = owner.post(
+        url, {"action": "resume", "_selected_action": [str(target.pk)]}, follow=True
+    )
+    target.refresh_from_db()
+
+    assert drained.status_code == 302
+    assert state_after_drain == TargetState.DRAINING
+    # Nothing answers on port 9: it stays out of service, and the page says why.
+    assert target.state == TargetState.DRAINING
+    shown = [str(message) for message in resumed.context["messages"]]
+    assert any(m.startswith("gone does not answer at http://127.0.0.1:9/v1/models") for m in shown)
