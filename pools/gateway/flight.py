@@ -21,7 +21,7 @@ import httpx
 from nexus import upstream
 from pools.balancer.queue import QueueFull, QueueTimeout
 from pools.balancer.retry import FailurePhase, classify, is_target_fault, may_retry
-from pools.balancer.snapshot import Decision, RequestFacts
+from pools.balancer.snapshot import Decision, RequestFacts, SkipReason
 from pools.balancer.strategies import decide
 from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
@@ -131,7 +131,15 @@ class Router:
                 flight.ttft_s,
                 time.monotonic() - flight.started,
             )
-            state.history.record(flight.history_row())
+            state.history.record(self._explained(flight.history_row()))
+
+    def _explained(self, row: HistoryRow) -> HistoryRow:
+        """Say why each ejected target is out (the pure core knows only that it is)."""
+        now = time.monotonic()
+        for skip in row["decision"].get("skipped", ()):
+            if skip["reason"] == SkipReason.CIRCUIT_OPEN and not skip["detail"]:
+                skip["detail"] = self.state.health.explain(skip["target_id"], now) or ""
+        return row
 
     async def _attempts(self, send: Send, flight: Flight) -> None:
         exclude: set[int] = set()
