@@ -141,27 +141,3 @@ NOTE_WARM = "model loaded"
 NOTE_STICKY_KEPT = "kept: same conversation"
 NOTE_STICKY_YIELDED = "same conversation, yielded"
 NOTE_PREFIX = "same prompt prefix served recently"
-
-# The summary lists this many skipped targets by name, then counts the rest.
-_SUMMARY_SKIPS = 5
-
-
-def summarize(decision: Decision) -> str:
-    """Return the decision in one line: the choice, its non-zero factors, skips, continuity."""
-    if decision.target_id is not None:
-        best = decision.ranking[0]
-        factors = ", ".join(f"{f.name} {f.value:.2f}" for f in best.factors if f.value)
-        parts = [f"{best.name} (tier {decision.tier}, score {best.score:.2f}: {factors or '-'})"]
-    elif decision.all_full:
-        parts = ["all eligible targets full: queue"]
-    else:
-        parts = ["no eligible target"]
-    if decision.skipped:
-        named = ", ".join(f"{s.name} {s.reason}" for s in decision.skipped[:_SUMMARY_SKIPS])
-        more = len(decision.skipped) - _SUMMARY_SKIPS
-        if more > 0:
-            named += f" and {more} more"
-        parts.append(f"{len(decision.skipped)} skipped: {named}")
-    if decision.continuity != "none":
-        parts.append(f"continuity {decision.continuity}")
-    return "; ".join(parts)

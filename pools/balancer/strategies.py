@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import TypeVar
 
 from pools.balancer import explain
 from pools.balancer.explain import _F_NAME, _F_NOTE, _F_VALUE, _R_FACTORS, _R_ID, _R_NAME, _R_SCORE
@@ -26,8 +25,6 @@ from pools.balancer.snapshot import (
     SkipReason,
     TargetView,
 )
-
-T = TypeVar("T")
 
 # Smart's constants; docs/balancer.md explains each one.
 # Output tokens of a typical answer: turns ttft and tpot into one request time.
@@ -50,11 +47,6 @@ _INCOMPATIBLE = SkipReason.INCOMPATIBLE
 _SKIP_DRAIN = {DrainState.DRAINING: SkipReason.DRAINING, DrainState.DRAINED: SkipReason.DRAINED}
 _WARM = Factor("warm", -WARM_BONUS, explain.NOTE_WARM)
 _SCORE = attrgetter("score")
-
-
-def round_robin(candidates: Sequence[T], turn: int) -> T:
-    """Return the candidate whose turn it is; the caller advances the turn."""
-    return candidates[turn % len(candidates)]
 
 
 def load_of(target: TargetView) -> int:

@@ -12,7 +12,6 @@ from collections import Counter
 
 import pytest
 
-from pools.balancer import explain
 from pools.balancer.snapshot import (
     Decision,
     DrainState,
@@ -29,7 +28,6 @@ from pools.balancer.strategies import (
     WARM_BONUS,
     decide,
     relative_times,
-    round_robin,
 )
 from tests.balancer import ranked_ids, route, skipped_reasons, target
 
@@ -540,10 +538,6 @@ def test_round_robin_skips_ineligible_targets():
     assert firsts == [1, 4, 1, 4]
 
 
-def test_the_gateways_plain_round_robin_helper_still_works():
-    assert [round_robin(["a", "b", "c"], turn) for turn in range(4)] == ["a", "b", "c", "a"]
-
-
 # --- the decision as data ----------------------------------------------------------------------
 
 
@@ -594,21 +588,6 @@ def test_the_cheaply_built_values_equal_normally_built_ones():
         decision.ranking[0].factors[0].value = 1.0  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         decision.target_id = 3  # type: ignore[misc]
-
-
-def test_the_summary_names_the_choice_and_its_leading_factors():
-    decision = route([target(1, in_flight=4), target(2, warm=True)], sticky=1)
-
-    assert explain.summarize(decision) == (
-        "t2 (tier 1, score 0.15: utilization 0.25, warm -0.10); 1 skipped: t1 full; "
-        "continuity yielded: sticky target full"
-    )
-
-
-def test_the_summary_says_when_the_request_must_queue():
-    decision = route([target(1, in_flight=4)])
-
-    assert explain.summarize(decision) == "all eligible targets full: queue; 1 skipped: t1 full"
 
 
 def test_the_core_imports_no_framework():
