@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from deployments.routing import websocket_urlpatterns as deployments_websockets
 from pools.routing import websocket_urlpatterns as pools_websockets
 
-websocket_urlpatterns = [*pools_websockets]
+websocket_urlpatterns = [*pools_websockets, *deployments_websockets]

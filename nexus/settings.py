@@ -142,12 +142,20 @@ CELERY_TASK_DEFAULT_QUEUE = f"{NEXUS_REDIS_PREFIX}"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# Nodes: how often the fleet is refreshed (status, inventory); a node that misses one is offline.
+NEXUS_NODE_REFRESH_S = env_int("NEXUS_NODE_REFRESH_S", 10, minimum=1)
+NEXUS_AGENT_TIMEOUT_S = env_int("NEXUS_AGENT_TIMEOUT_S", 5, minimum=1)
 # The one beat schedule table: every row expires just before its next run.
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {
         "task": "nexus.tasks.heartbeat",
         "schedule": 10.0,
         "options": {"expires": 9.0},
+    },
+    "nodes-refresh": {
+        "task": "nodes.tasks.refresh_nodes",
+        "schedule": float(NEXUS_NODE_REFRESH_S),
+        "options": {"expires": NEXUS_NODE_REFRESH_S * 0.9},
     },
     "pools-prune-history": {
         "task": "pools.tasks.prune_history",

@@ -1,0 +1,12 @@
+"""Deployments pages."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+
+@login_required
+def deployment_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "deployments/deployment_list.html", {"section": "deployments"})
