@@ -115,6 +115,7 @@ def test_models_lists_the_served_model(fast: Simulator) -> None:
         "object": "model",
         "created": entry["created"],
         "owned_by": "nexus-simulator",
+        "state": "loaded",
     }
     assert isinstance(entry["created"], int)
     assert [model.id for model in sdk(fast).models.list()] == [MODEL]
@@ -480,6 +481,7 @@ def test_cold_start_delays_requests_and_idle_unload_repeats_it() -> None:
 
         wait_for(lambda: simulator.stats()["model_state"] == "unloaded", timeout=1)
         assert http.get(f"{simulator.root_url}/health").status_code == 200
+        assert http.get(f"{simulator.base_url}/models").json()["data"][0]["state"] == "cold"
         reloaded, response = timed(lambda: post_chat(simulator, max_tokens=1))
 
         assert response.status_code == 200

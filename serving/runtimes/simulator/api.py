@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from .config import parse_fault_update
-from .engine import VOCABULARY, Admission, Engine, embed, generate_words
+from .engine import VOCABULARY, Admission, Engine, ModelState, embed, generate_words
 
 # One shared encoder: json.dumps with non-default options builds a new encoder per call.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
@@ -172,19 +172,7 @@ class SimulatorApi:
         self._ids = itertools.count(1)
         # A per-process prefix keeps ids unique across simulator restarts without uuid4's cost.
         self._id_prefix = secrets.token_hex(4)
-        self._models_body = _encode(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self._model,
-                        "object": "model",
-                        "created": int(time.time()),
-                        "owned_by": "nexus-simulator",
-                    }
-                ],
-            }
-        ).encode()
+        self._created = int(time.time())
         self._metric_labels = f'{{model_name="{_escape_label(self._model)}"}}'
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
@@ -541,7 +529,17 @@ class SimulatorApi:
                 kind="server_error",
                 code="service_unavailable",
             ).response()
-        return web.Response(body=self._models_body, content_type=_JSON)
+        # "state" as runtimes with load/unload report it, so an agent can tell a cold model.
+        state = "loaded" if self._engine.state is ModelState.LOADED else "cold"
+        entry = {
+            "id": self._model,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "nexus-simulator",
+            "state": state,
+        }
+        body = {"object": "list", "data": [entry]}
+        return web.Response(body=_encode(body).encode(), content_type=_JSON)
 
     async def _health(self, request: web.Request) -> web.Response:
         problem = self._engine.health_problem()

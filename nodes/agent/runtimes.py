@@ -1,0 +1,224 @@
+"""The runtimes a deploy job can put a model on: how each is installed and the argv that serves it.
+
+The tables and argv builders are pure; `install` and `gpu_missing` are the only parts that run
+anything (pip in a virtual environment, nvidia-smi).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodes.agent.resources import detect_gpus
+
+NAMES = ("simulator", "llama.cpp", "vllm", "sglang", "custom")
+STAMP_FILE = "nexus-installed.json"
+# llama-cpp-python compiles llama.cpp (about 5 minutes on a small machine) and vLLM pulls
+# gigabytes of wheels; an install that takes longer than this is stuck, not slow.
+INSTALL_TIMEOUT_S = 3600.0
+# How long a started runtime may take to list its model: the simulator answers within a second;
+# llama.cpp maps a file; vLLM and SGLang load weights onto the GPU and compile kernels first.
+READY_TIMEOUT_S = {
+    "simulator": 120.0,
+    "custom": 120.0,
+    "llama.cpp": 600.0,
+    "vllm": 1800.0,
+    "sglang": 1800.0,
+}
+# The pip requirement each installable runtime is served by, and its directory under runtimes/.
+_PIP_RUNTIMES = {
+    "llama.cpp": ("llama-cpp", "llama-cpp-python[server]"),
+    "vllm": ("vllm", "vllm"),
+    "sglang": ("sglang", "sglang[all]"),
+}
+_GPU_RUNTIMES = {"vllm": "vLLM", "sglang": "SGLang"}
+_PIP_TAIL_LINES = 15
+
+
+class InstallError(Exception):
+    """A runtime that cannot be installed or cannot run on this node; the message says why."""
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """A deploy job's validated `runtime` object."""
+
+    name: str
+    requirement: str | None = None
+    argv: tuple[str, ...] = ()
+
+    def requirements(self) -> tuple[str, ...]:
+        """Return the pip requirements this runtime needs; empty when nothing is installed."""
+        if self.name in _PIP_RUNTIMES:
+            return (_PIP_RUNTIMES[self.name][1],)
+        if self.name == "custom" and self.requirement:
+            return (self.requirement,)
+        return ()
+
+    def venv(self, data_dir: Path) -> Path | None:
+        """Return the virtual environment this runtime lives in, or None when it needs none."""
+        if self.name in _PIP_RUNTIMES:
+            return data_dir / "runtimes" / _PIP_RUNTIMES[self.name][0]
+        if self.name == "custom" and self.requirement:
+            # One environment per requirement, so two custom runtimes never share packages.
+            digest = hashlib.sha256(self.requirement.encode()).hexdigest()[:12]
+            return data_dir / "runtimes" / f"custom-{digest}"
+        return None
+
+    def ready_timeout_s(self) -> float:
+        """Return how long the started runtime may take to list its model."""
+        return READY_TIMEOUT_S[self.name]
+
+
+def serve_argv(
+    runtime: RuntimeSpec, venv: Path | None, model_path: Path, model_name: str
+) -> list[str]:
+    """Return the argv that serves the model on `${PORT}` (the process manager fills it in)."""
+    path = str(model_path)
+    if runtime.name == "simulator":
+        return [
+            sys.executable,
+            *("-m", "serving.runtimes.simulator"),
+            *("--host", "127.0.0.1", "--port", "${PORT}", "--model", model_name),
+        ]
+    if runtime.name == "custom":
+        substitutions = {"${MODEL_PATH}": path, "${MODEL_NAME}": model_name}
+        argv = [_substitute(arg, substitutions) for arg in runtime.argv]
+        # A bare command name means the console script the requirement installed, if it did.
+        if venv is not None and "/" not in argv[0] and (venv / "bin" / argv[0]).exists():
+            argv[0] = str(venv / "bin" / argv[0])
+        return argv
+    assert venv is not None, f"{runtime.name} always runs in a virtual environment"
+    python = str(venv / "bin" / "python")
+    listen = ["--host", "127.0.0.1", "--port", "${PORT}"]
+    if runtime.name == "llama.cpp":
+        return [
+            python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            path,
+            "--model_alias",
+            model_name,
+            *listen,
+        ]
+    if runtime.name == "vllm":
+        return [
+            str(venv / "bin" / "vllm"),
+            "serve",
+            path,
+            "--served-model-name",
+            model_name,
+            *listen,
+        ]
+    return [
+        python,
+        *("-m", "sglang.launch_server", "--model-path", path, "--served-model-name", model_name),
+        *listen,
+    ]
+
+
+def serve_env(venv: Path | None) -> dict[str, str]:
+    """Return the environment additions that make the runtime's own commands resolve first."""
+    if venv is None:
+        return {}
+    return {
+        "VIRTUAL_ENV": str(venv),
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+    }
+
+
+def _substitute(arg: str, substitutions: dict[str, str]) -> str:
+    for placeholder, value in substitutions.items():
+        arg = arg.replace(placeholder, value)
+    return arg
+
+
+async def gpu_missing(runtime: RuntimeSpec) -> str | None:
+    """Return why the runtime cannot run here when it needs an NVIDIA GPU and none is present."""
+    label = _GPU_RUNTIMES.get(runtime.name)
+    if label is None or await detect_gpus():
+        return None
+    return f"{label} needs an NVIDIA GPU; this node has none (nvidia-smi found no GPU)"
+
+
+def installed(venv: Path, requirements: Sequence[str]) -> bool:
+    """Return whether the environment's stamp says these requirements were installed."""
+    try:
+        stamp = json.loads((venv / STAMP_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(stamp, dict) and stamp.get("requirements") == list(requirements)
+
+
+async def install(venv: Path, requirements: Sequence[str], log: Callable[[str], None]) -> None:
+    """Create the environment and pip install the requirements, unless its stamp says done.
+
+    An environment without a matching stamp is a half-finished or different install, so it is
+    removed and made again; the stamp is written last, only when pip succeeded.
+    """
+    if installed(venv, requirements):
+        log(f"{' '.join(requirements)} is already installed in {venv}")
+        return
+    if venv.exists():
+        await asyncio.to_thread(shutil.rmtree, venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    await _run([sys.executable, "-m", "venv", str(venv)], log, f"python -m venv {venv}")
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
+    options = ["--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
+    await _run([*pip, *options, *requirements], log, f"pip install {' '.join(requirements)}")
+    stamp = venv / STAMP_FILE
+    partial = stamp.with_suffix(".tmp")
+    partial.write_text(json.dumps({"requirements": list(requirements)}))
+    partial.replace(stamp)
+
+
+async def _run(argv: list[str], log: Callable[[str], None], what: str) -> None:
+    """Run a command, each output line into the log; raise InstallError with its last lines."""
+    log(f"$ {' '.join(argv)}")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PIP_NO_INPUT": "1"}
+    # Its own session, so a cancelled install kills pip's compiler children too.
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    tail: collections.deque[str] = collections.deque(maxlen=_PIP_TAIL_LINES)
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(INSTALL_TIMEOUT_S):
+            async for raw in process.stdout:
+                line = raw.decode(errors="replace").rstrip()
+                if line:
+                    tail.append(line)
+                    log(line)
+            code = await process.wait()
+    except TimeoutError:
+        _kill_group(process)
+        await process.wait()
+        raise InstallError(f"{what} did not finish within {INSTALL_TIMEOUT_S:.0f} s") from None
+    except BaseException:
+        _kill_group(process)
+        await process.wait()
+        raise
+    if code != 0:
+        lines = "\n".join(tail)
+        raise InstallError(f"{what} failed with exit code {code}:\n{lines}")
+
+
+def _kill_group(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)

@@ -1,0 +1,118 @@
+"""The runtime table: where each runtime is installed and the argv that serves a model (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodes.agent.download import amount
+from nodes.agent.runtimes import READY_TIMEOUT_S, RuntimeSpec, serve_argv, serve_env
+
+DATA = Path("/data")
+MODEL = Path("/data/models/model.gguf")
+LISTEN = ["--host", "127.0.0.1", "--port", "${PORT}"]
+
+
+def test_the_simulator_needs_no_install_and_serves_the_model_name() -> None:
+    runtime = RuntimeSpec("simulator")
+
+    assert runtime.venv(DATA) is None
+    assert runtime.requirements() == ()
+    assert serve_argv(runtime, None, MODEL, "demo") == [
+        sys.executable,
+        *("-m", "serving.runtimes.simulator", *LISTEN, "--model", "demo"),
+    ]
+
+
+def test_llama_cpp_runs_its_server_module_from_its_environment() -> None:
+    runtime = RuntimeSpec("llama.cpp")
+    venv = DATA / "runtimes" / "llama-cpp"
+
+    assert runtime.venv(DATA) == venv
+    assert runtime.requirements() == ("llama-cpp-python[server]",)
+    assert serve_argv(runtime, venv, MODEL, "demo") == [
+        str(venv / "bin" / "python"),
+        *("-m", "llama_cpp.server", "--model", str(MODEL), "--model_alias", "demo", *LISTEN),
+    ]
+
+
+def test_vllm_serves_the_model_under_its_name() -> None:
+    runtime = RuntimeSpec("vllm")
+    venv = DATA / "runtimes" / "vllm"
+
+    assert runtime.venv(DATA) == venv
+    assert runtime.requirements() == ("vllm",)
+    assert serve_argv(runtime, venv, MODEL, "demo") == [
+        str(venv / "bin" / "vllm"),
+        *("serve", str(MODEL), "--served-model-name", "demo", *LISTEN),
+    ]
+
+
+def test_sglang_launches_its_server_with_the_model_path() -> None:
+    runtime = RuntimeSpec("sglang")
+    venv = DATA / "runtimes" / "sglang"
+
+    assert runtime.venv(DATA) == venv
+    assert serve_argv(runtime, venv, MODEL, "demo") == [
+        str(venv / "bin" / "python"),
+        *("-m", "sglang.launch_server", "--model-path", str(MODEL)),
+        *("--served-model-name", "demo", *LISTEN),
+    ]
+
+
+def test_a_custom_command_gets_the_model_path_and_name_and_keeps_the_port_for_later() -> None:
+    runtime = RuntimeSpec(
+        "custom", argv=("/opt/serve", "--model=${MODEL_PATH}", "${MODEL_NAME}", ":${PORT}")
+    )
+
+    assert runtime.venv(DATA) is None
+    assert serve_argv(runtime, None, MODEL, "demo") == [
+        "/opt/serve",
+        f"--model={MODEL}",
+        "demo",
+        ":${PORT}",
+    ]
+
+
+def test_a_custom_requirement_gets_an_environment_of_its_own(tmp_path: Path) -> None:
+    requirement = "mlc-llm==0.1"
+    runtime = RuntimeSpec("custom", requirement=requirement, argv=("mlc_llm", "serve", "${PORT}"))
+    venv = tmp_path / "runtimes" / f"custom-{hashlib.sha256(requirement.encode()).hexdigest()[:12]}"
+    other = RuntimeSpec("custom", requirement="mlc-llm==0.2", argv=runtime.argv)
+
+    assert runtime.venv(tmp_path) == venv
+    assert other.venv(tmp_path) != venv
+    assert runtime.requirements() == (requirement,)
+    # A bare command the requirement installed runs from the environment...
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "mlc_llm").touch()
+    assert serve_argv(runtime, venv, MODEL, "demo")[0] == str(venv / "bin" / "mlc_llm")
+    assert serve_env(venv)["VIRTUAL_ENV"] == str(venv)
+    assert serve_env(venv)["PATH"].startswith(f"{venv / 'bin'}:")
+    # ...and one it did not install is left to PATH.
+    plain = RuntimeSpec("custom", requirement=requirement, argv=("java", "${PORT}"))
+    assert serve_argv(plain, venv, MODEL, "demo")[0] == "java"
+
+
+@pytest.mark.parametrize(
+    ("name", "timeout"),
+    [("simulator", 120), ("custom", 120), ("llama.cpp", 600), ("vllm", 1800), ("sglang", 1800)],
+)
+def test_each_runtime_has_a_bounded_time_to_list_its_model(name: str, timeout: float) -> None:
+    assert RuntimeSpec(name).ready_timeout_s() == READY_TIMEOUT_S[name] == timeout
+
+
+@pytest.mark.parametrize(
+    ("done", "total", "text"),
+    [
+        (12 * 2**20, 48 * 2**20, "12.0 of 48.0 MiB"),
+        (512, 2048, "0.5 of 2.0 KiB"),
+        (3 * 2**30, None, "3.0 GiB"),
+        (10, 100, "10 of 100 B"),
+    ],
+)
+def test_progress_reads_in_the_unit_of_the_total(done: int, total: int | None, text: str) -> None:
+    assert amount(done, total) == text
