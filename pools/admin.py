@@ -10,13 +10,14 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
 from pools import services
-from pools.models import Pool, RequestKind, RoutingRecord, Target
+from pools.models import Pool, RequestKind, RoutingRecord, Target, node_base_url
 
 
 class TargetAdminForm(forms.ModelForm):
     # A URL typed without a scheme gets https: never send a provider key in clear by accident.
     base_url = forms.URLField(
         max_length=500,
+        required=False,
         assume_scheme="https",
         help_text=Target._meta.get_field("base_url").help_text,
     )
@@ -35,6 +36,7 @@ class TargetAdminForm(forms.ModelForm):
         fields = [
             "pool",
             "name",
+            "node",
             "base_url",
             "model_id",
             "priority",
@@ -43,6 +45,16 @@ class TargetAdminForm(forms.ModelForm):
             "enabled",
             "position",
         ]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        node = cleaned.get("node")
+        if node is not None:
+            # A node target is reached through the node's agent, whatever was typed.
+            cleaned["base_url"] = node_base_url(node.address)
+        elif not cleaned.get("base_url"):
+            self.add_error("base_url", "Give a base URL, or choose a node.")
+        return cleaned
 
     def save(self, commit: bool = True) -> Target:
         if self.cleaned_data.get("remove_credential"):
@@ -98,6 +110,7 @@ class TargetAdmin(admin.ModelAdmin):
     list_display = [
         "name",
         "pool",
+        "node",
         "base_url",
         "model_id",
         "priority",
@@ -106,9 +119,9 @@ class TargetAdmin(admin.ModelAdmin):
         "state",
         "credential_stored",
     ]
-    list_filter = ["enabled", "state", "priority", "pool"]
+    list_filter = ["enabled", "state", "priority", "pool", "node"]
     search_fields = ["name", "model_id", "base_url", "pool__slug", "pool__name"]
-    list_select_related = ["pool"]
+    list_select_related = ["pool", "node"]
     readonly_fields = ["state", "state_changed_at"]
     actions = ["drain", "resume"]
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from nexus import crypto
+from nodes import services as node_services
+from nodes.models import NodeTrust
+
+if TYPE_CHECKING:
+    from nodes.models import Node
 
 POOL_MODEL_PREFIX = "@pool/"
 
@@ -96,8 +103,19 @@ class Target(models.Model):
 
     pool = models.ForeignKey(Pool, related_name="targets", on_delete=models.CASCADE)
     name = models.CharField(max_length=100)
+    # A target on a node is reached through the node's agent, with the node credential.
+    node = models.ForeignKey(
+        "nodes.Node",
+        related_name="targets",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        help_text="The node serving the model; its agent forwards /v1 to the model's runtime.",
+    )
     base_url = models.URLField(
-        max_length=500, help_text="OpenAI-compatible base URL, e.g. http://10.0.0.5:8000/v1"
+        max_length=500,
+        help_text="OpenAI-compatible base URL, e.g. http://10.0.0.5:8000/v1 "
+        "(on a node: the node's address + /v1, kept in step).",
     )
     model_id = models.CharField(max_length=200, help_text="The model name the target serves.")
     priority = models.PositiveSmallIntegerField(
@@ -131,6 +149,14 @@ class Target(models.Model):
     def __str__(self) -> str:
         return f"{self.pool.slug}/{self.name}"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A node target's URL is its node's agent; storing it keeps pages and the API plain.
+        if self.node_id is not None:
+            self.base_url = node_base_url(self.node.address)
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "base_url"}
+        super().save(*args, **kwargs)
+
     @property
     def has_credential(self) -> bool:
         return bool(self.credential_encrypted)
@@ -143,12 +169,36 @@ class Target(models.Model):
         """Return the decrypted API key, or an empty string."""
         return crypto.decrypt(self.credential_encrypted) if self.credential_encrypted else ""
 
+    def upstream_credential(self) -> str:
+        """Return the credential sent with requests: the node's for a node target, else its own."""
+        return self.node.get_credential() if self.node is not None else self.get_credential()
+
     def clean(self) -> None:
         unknown = set(self.kinds or []) - set(all_request_kinds())
         if unknown or not self.kinds:
             raise ValidationError(
                 {"kinds": f"Choose from {', '.join(all_request_kinds())}; got {self.kinds!r}."}
             )
+        if self.node_id is not None:
+            problem = node_model_problem(self.node, self.model_id)
+            if problem:
+                raise ValidationError({"model_id": problem})
+
+
+def node_base_url(address: str) -> str:
+    """Return the OpenAI base URL of a node's agent, which forwards /v1 to its runtimes."""
+    return address.rstrip("/") + "/v1"
+
+
+def node_model_problem(node: Node, model_id: str) -> str:
+    """Return why a target cannot serve this model on this node; empty when it can."""
+    served = node_services.inventory_ids(node)
+    if model_id in served:
+        return ""
+    if node.trust != NodeTrust.TRUSTED:
+        return f"Node {node.name} is not trusted yet, so its models are unknown: confirm it first."
+    listed = ", ".join(sorted(served)) or "none"
+    return f"Node {node.name} does not serve {model_id} (its models: {listed})."
 
 
 class RoutingOutcome(models.TextChoices):

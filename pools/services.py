@@ -99,7 +99,7 @@ def resume_target(target: Target, *, timeout_s: float = 3.0) -> Target:
     if target.state == TargetState.ACTIVE:
         return target
     headers = {}
-    if credential := target.get_credential():
+    if credential := target.upstream_credential():
         headers["Authorization"] = f"Bearer {credential}"
     url = target.base_url.rstrip("/") + "/models"
     try:

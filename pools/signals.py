@@ -7,8 +7,9 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from nexus.models import ConfigVersion
+from nodes.models import Node
 from pools import live
-from pools.models import Pool, Target
+from pools.models import Pool, Target, node_base_url
 
 
 @receiver(post_save, sender=Pool)
@@ -26,3 +27,10 @@ def announce_pool_change(sender: type, **kwargs: object) -> None:
 def push_pools_to_pages(sender: type, **kwargs: object) -> None:
     # After commit, so that pages never show a change that is then rolled back.
     transaction.on_commit(live.pools_changed, robust=True)
+
+
+@receiver(post_save, sender=Node)
+def follow_node_address(sender: type, instance: Node, **kwargs: object) -> None:
+    # The snapshot derives a node target's URL from the node; the stored one is for display.
+    base_url = node_base_url(instance.address)
+    Target.objects.filter(node=instance).exclude(base_url=base_url).update(base_url=base_url)

@@ -2,4 +2,12 @@
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from rest_framework.routers import DefaultRouter
+
+from nodes.api import views
+
+router = DefaultRouter(trailing_slash=True)
+router.include_root_view = False
+router.register("nodes", views.NodeViewSet, basename="node")
+
+urlpatterns = router.urls

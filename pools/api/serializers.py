@@ -9,7 +9,16 @@ from rest_framework import serializers
 from rest_framework.request import Request
 
 from nexus.models import ApiToken
-from pools.models import Pool, RequestKind, RoutingOutcome, RoutingRecord, Target
+from nodes.models import Node
+from pools.models import (
+    Pool,
+    RequestKind,
+    RoutingOutcome,
+    RoutingRecord,
+    Target,
+    node_base_url,
+    node_model_problem,
+)
 
 SLUG_IMMUTABLE = "A pool's slug cannot change: apps call it as @pool/<slug>."
 
@@ -35,6 +44,19 @@ class TargetSerializer(serializers.ModelSerializer):
     """A target: where to send requests, how many at once, and whether a key is stored."""
 
     pool = VisiblePoolField(slug_field="slug")
+    node = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Node.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="The node (by name) whose agent serves the model; base_url and the credential "
+        "then come from the node, and model_id must be in its inventory.",
+    )
+    base_url = serializers.URLField(
+        max_length=500,
+        required=False,
+        help_text="OpenAI-compatible base URL; derived from the node for a node target.",
+    )
     kinds = serializers.ListField(
         child=serializers.ChoiceField(choices=RequestKind.choices),
         allow_empty=False,
@@ -57,6 +79,7 @@ class TargetSerializer(serializers.ModelSerializer):
             "id",
             "pool",
             "name",
+            "node",
             "base_url",
             "model_id",
             "priority",
@@ -73,6 +96,25 @@ class TargetSerializer(serializers.ModelSerializer):
         ]
         # Drain and resume change the state (POST .../drain/, .../resume/), so nothing races them.
         read_only_fields = ["state", "state_changed_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        current = self.instance
+        node = attrs.get("node", current.node if current else None)
+        if node is None:
+            if "base_url" not in attrs and (current is None or current.node_id is not None):
+                raise serializers.ValidationError({"base_url": "Give a base URL, or a node."})
+            return attrs
+        if attrs.get("credential"):
+            raise serializers.ValidationError(
+                {"credential": "A target on a node uses the node's credential; leave this out."}
+            )
+        if "node" in attrs or "model_id" in attrs:
+            model_id = attrs.get("model_id", current.model_id if current else "")
+            problem = node_model_problem(node, model_id)
+            if problem:
+                raise serializers.ValidationError({"model_id": problem})
+        attrs["base_url"] = node_base_url(node.address)
+        return attrs
 
     def create(self, validated_data: dict[str, Any]) -> Target:
         credential = validated_data.pop("credential", "")

@@ -31,7 +31,7 @@ class PoolViewSet(viewsets.ModelViewSet):
     lookup_field = "slug"
 
     def get_queryset(self) -> QuerySet[Pool]:
-        return visible_pools(self.request).prefetch_related("targets")
+        return visible_pools(self.request).prefetch_related("targets", "targets__node")
 
     @extend_schema(request=DryRunSerializer, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"], url_path="dry-run")
@@ -60,7 +60,8 @@ class TargetViewSet(viewsets.ModelViewSet):
     serializer_class = TargetSerializer
 
     def get_queryset(self) -> QuerySet[Target]:
-        targets = Target.objects.filter(pool__in=visible_pools(self.request)).select_related("pool")
+        targets = Target.objects.filter(pool__in=visible_pools(self.request))
+        targets = targets.select_related("pool", "node")
         if pool := self.request.query_params.get("pool"):
             targets = targets.filter(pool__slug=pool)
         return targets

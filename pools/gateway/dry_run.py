@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pools.balancer.snapshot import Decision, RequestFacts
 from pools.gateway.ledger import MemoryLedger
-from pools.gateway.snapshot import pool_entry
+from pools.gateway.snapshot import explain_unavailable, pool_entry
 from pools.gateway.state import GatewayState, current
 from pools.models import Pool, RoutingRecord
 
@@ -31,7 +31,9 @@ def dry_run(pool: Pool, *, kind: str, headers: dict[str, str], body: dict[str, A
         return facts, state.decide_now(entry, facts)
 
     (facts, decision), live = _on_gateway(explain)
-    return {"pool": pool.slug, "live": live, "request": _facts(facts), **decision.to_dict()}
+    ranking = decision.to_dict()
+    explain_unavailable(entry, ranking["skipped"])
+    return {"pool": pool.slug, "live": live, "request": _facts(facts), **ranking}
 
 
 def replay(record: RoutingRecord) -> dict:
@@ -45,11 +47,13 @@ def replay(record: RoutingRecord) -> dict:
     entry = pool_entry(record.pool)
     decision, live = _on_gateway(lambda state: state.decide_now(entry, facts))
     then_target = record.decision.get("target_id", record.target_id)
+    now = decision.to_dict()
+    explain_unavailable(entry, now["skipped"])
     return {
         "request_id": record.request_id,
         "live": live,
         "then": record.decision,
-        "now": {"request": _facts(facts), **decision.to_dict()},
+        "now": {"request": _facts(facts), **now},
         "changed": then_target != decision.target_id,
     }
 

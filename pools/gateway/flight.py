@@ -27,7 +27,7 @@ from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
 from pools.gateway.history import AttemptRow, HistoryRow
 from pools.gateway.ledger import Lease
-from pools.gateway.snapshot import PoolEntry, TargetEntry, TokenEntry
+from pools.gateway.snapshot import PoolEntry, TargetEntry, TokenEntry, explain_unavailable
 from pools.gateway.state import GatewayState
 from pools.models import RoutingOutcome
 
@@ -131,14 +131,16 @@ class Router:
                 flight.ttft_s,
                 time.monotonic() - flight.started,
             )
-            state.history.record(self._explained(flight.history_row()))
+            state.history.record(self._explained(pool, flight.history_row()))
 
-    def _explained(self, row: HistoryRow) -> HistoryRow:
-        """Say why each ejected target is out (the pure core knows only that it is)."""
+    def _explained(self, pool: PoolEntry, row: HistoryRow) -> HistoryRow:
+        """Say why each ejected target or unusable node is out (the pure core knows only that)."""
         now = time.monotonic()
-        for skip in row["decision"].get("skipped", ()):
+        skipped = row["decision"].get("skipped", ())
+        for skip in skipped:
             if skip["reason"] == SkipReason.CIRCUIT_OPEN and not skip["detail"]:
                 skip["detail"] = self.state.health.explain(skip["target_id"], now) or ""
+        explain_unavailable(pool, skipped)
         return row
 
     async def _attempts(self, send: Send, flight: Flight) -> None:
@@ -209,7 +211,10 @@ class Router:
                     if races < CLAIM_RACES:
                         continue
             elif not decision.all_full:
-                skipped = [f"{skip.name} ({skip.reason})" for skip in decision.skipped]
+                skipped = [
+                    f"{skip.name} ({pool.target(skip.target_id).unavailable or skip.reason})"
+                    for skip in decision.skipped
+                ]
                 raise errors.no_target(pool.slug, flight.kind, skipped)
             await self._wait(flight, now, again=woken)
             races = 0

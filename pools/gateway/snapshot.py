@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from nexus.models import ApiToken, ConfigVersion
-from pools.balancer.snapshot import DrainState, PoolPolicy
-from pools.models import Pool, Target
+from pools.balancer.snapshot import DrainState, PoolPolicy, SkipReason
+from pools.models import Pool, Target, node_base_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +37,9 @@ class TargetEntry:
     priority: int
     capacity: int
     position: int
-    enabled: bool
+    enabled: bool  # False too while its node may not take traffic (see `unavailable`)
     drain: DrainState
+    unavailable: str = ""  # why a node target is out, e.g. "node gpu-1 is offline"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +78,16 @@ KIND_PATHS = {
 
 
 def _target_entry(target: Target) -> TargetEntry:
-    credential = target.get_credential()
-    base_url = target.base_url.rstrip("/")
+    node = target.node
+    credential = target.upstream_credential()
+    if node is None:
+        base_url = target.base_url.rstrip("/")
+        unavailable = ""
+    else:
+        # Reached through the node's agent, and only while the node is trusted and online;
+        # a target the operator disabled is out for that reason alone.
+        base_url = node_base_url(node.address)
+        unavailable = node.unusable_reason() if target.enabled else ""
     return TargetEntry(
         id=target.pk,
         name=target.name,
@@ -88,9 +99,19 @@ def _target_entry(target: Target) -> TargetEntry:
         priority=target.priority,
         capacity=target.capacity_weight,
         position=target.position,
-        enabled=target.enabled,
+        enabled=target.enabled and not unavailable,
         drain=DrainState(target.state),
+        unavailable=unavailable,
     )
+
+
+def explain_unavailable(pool: PoolEntry, skipped: Iterable[dict[str, Any]]) -> None:
+    """Say why each target on an unusable node is out (the pure core sees it as disabled)."""
+    for skip in skipped:
+        if skip["reason"] == SkipReason.DISABLED and not skip["detail"]:
+            target = next((t for t in pool.targets if t.id == skip["target_id"]), None)
+            if target is not None and target.unavailable:
+                skip["detail"] = target.unavailable
 
 
 def pool_entry(pool: Pool) -> PoolEntry:
@@ -129,7 +150,10 @@ def load_snapshot() -> Snapshot:
         )
         for token in ApiToken.objects.filter(revoked_at__isnull=True)
     }
-    pools = {pool.slug: pool_entry(pool) for pool in Pool.objects.prefetch_related("targets")}
+    pools = {
+        pool.slug: pool_entry(pool)
+        for pool in Pool.objects.prefetch_related("targets", "targets__node")
+    }
     return Snapshot(version=version, tokens=tokens, pools=pools)
 
 
