@@ -2,4 +2,10 @@
 
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from deployments.consumers import DeploymentConsumer
+
+websocket_urlpatterns = [
+    path("ws/deployments/<int:pk>/", DeploymentConsumer.as_asgi()),
+]

@@ -1,12 +1,96 @@
-"""Deployments pages."""
+"""Deployments pages: the list, a form to start one, and its detail, live over /ws/deployments/."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.middleware import HtmxDetails
+
+from deployments import services
+from deployments.forms import DeploymentForm
+from deployments.models import Deployment
+
+DETAIL = "deployments/deployment_detail.html"
+LIVE_SECTION = f"{DETAIL}#deployment-live"
 
 
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Refuse anyone but staff (403), as the API refuses their writes."""
+
+    @wraps(view)
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied("Only staff may start or retry deployments.")
+        return view(request, *args, **kwargs)
+
+    return login_required(checked)
+
+
+def deployment_with_nodes(pk: int) -> Deployment:
+    """Return the deployment with its node rows and their nodes, or raise Http404."""
+    return get_object_or_404(Deployment.objects.prefetch_related("nodes__node"), pk=pk)
+
+
+@require_GET
 @login_required
 def deployment_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "deployments/deployment_list.html", {"section": "deployments"})
+    """List deployments, newest first, with their overall state."""
+    deployments = Deployment.objects.prefetch_related("nodes__node")[:200]
+    return render(request, "deployments/deployment_list.html", {"deployments": deployments})
+
+
+@require_http_methods(["GET", "POST"])
+@staff_required
+def deployment_create(request: HttpRequest) -> HttpResponse:
+    """Show the form; on a valid post create the deployment and go to its page."""
+    form = DeploymentForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            deployment = services.create_deployment(**form.cleaned_data, user=request.user)
+        except ValidationError as invalid:
+            form.add_error(None, invalid)
+        else:
+            return redirect("deployments:detail", pk=deployment.pk)
+    return render(request, "deployments/deployment_form.html", {"form": form})
+
+
+@require_GET
+@login_required
+def deployment_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Render a deployment with one row per node, or only its live section for htmx."""
+    context = {"deployment": deployment_with_nodes(pk)}
+    response = render(request, LIVE_SECTION if request.htmx else DETAIL, context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+@require_POST
+@staff_required
+def deployment_retry(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Retry the failed nodes; htmx gets the live section back with a notice, others a redirect."""
+    deployment = deployment_with_nodes(pk)
+    try:
+        rows = services.retry_failed(deployment)
+    except (services.CannotRetry, ValidationError) as refusal:
+        notice, level = " ".join(getattr(refusal, "messages", [str(refusal)])), messages.ERROR
+    else:
+        names = ", ".join(row.node.name for row in rows)
+        notice, level = f"Retrying the failed nodes: {names}.", messages.SUCCESS
+    if not request.htmx:
+        messages.add_message(request, level, notice)
+        return redirect("deployments:detail", pk=pk)
+    context = {"deployment": deployment_with_nodes(pk), "notice": notice}
+    return render(request, LIVE_SECTION, context)

@@ -1,0 +1,155 @@
+"""The deployment page in a real Chromium: its progress bar moves live, and retry brings back a
+node whose agent crashed mid-download. Real daphne, Celery worker, agent and file server."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from django.db import connection
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from deployments import services
+from deployments.models import Deployment, DeploymentNode
+from nodes import services as node_services
+from tests.nexus.factories import make_user
+from tests.support.agent import RunningAgent, running_agent
+from tests.support.fileserver import serving_file
+from tests.support.live import LiveServer, running_nexus
+from tests.support.worker import running_worker
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PASSWORD = "a long enough password"
+MIB = 1024 * 1024
+SCREENSHOT = Path("/tmp/nexus-deployment-page.png")
+T = TypeVar("T")
+
+
+def committed(work: Callable[[], T]) -> T:
+    """Run database work in its own thread and connection.
+
+    Playwright's sync API keeps an event loop running in the test's thread, where Django refuses
+    synchronous database calls; writes made here are committed at once for the server to see.
+    """
+
+    def run() -> T:
+        try:
+            return work()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        return executor.submit(run).result()
+
+
+@dataclass
+class World:
+    nexus: LiveServer
+    agent: RunningAgent
+    deployment: Deployment
+    row: DeploymentNode
+
+
+@pytest.fixture
+def world(transactional_db: None, tmp_path: Path) -> Iterator[World]:
+    """A deployment of a 3 MiB model, sent at 1 MiB/s, to one node; its job queued, no worker."""
+    content = os.urandom(3 * MIB)
+    make_user("owner", staff=True, password=PASSWORD)
+    with (
+        running_agent(tmp_path) as agent,
+        serving_file(content, name="demo.bin", rate_bytes_per_s=MIB) as files,
+        running_nexus(tmp_path) as nexus,
+    ):
+        node = node_services.add_node("node-a", agent.url, agent.credential)
+        node = node_services.confirm_node(node, agent.fingerprint)
+        deployment = services.create_deployment(
+            name="Demo on node-a",
+            nodes=[node],
+            runtime="simulator",
+            model_source="http",
+            model_location=files.url,
+            model_sha256=hashlib.sha256(content).hexdigest(),
+            model_name="demo-1b",
+        )
+        yield World(nexus, agent, deployment, deployment.nodes.get())
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)."
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    yield context.new_page()
+    context.close()
+
+
+def progress_value(page: Page, selector: str) -> float:
+    return float(page.eval_on_selector(selector, "bar => bar.value"))
+
+
+def test_the_progress_bar_moves_live_and_retry_brings_back_a_crashed_node(
+    world: World, page: Page, tmp_path: Path
+) -> None:
+    detail = f"{world.nexus.url}/deployments/{world.deployment.pk}/"
+    page.goto(detail)
+    page.get_by_label("Username").fill("owner")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(detail)
+    expect(page.locator("[data-live-status]")).to_have_text("Live")
+    page.evaluate("window.loadedOnce = true")
+    row = page.locator(f"#deployment-node-{world.row.pk}")
+    bar = f"#deployment-node-{world.row.pk} progress"
+    expect(row).to_have_attribute("data-state", "pending")
+
+    with running_worker(tmp_path):
+        expect(row).to_contain_text("downloading", timeout=20_000)
+        page.wait_for_function(f"document.querySelector('{bar}').value > 0", timeout=10_000)
+        first = progress_value(page, bar)
+        page.wait_for_function(f"document.querySelector('{bar}').value > {first}", timeout=10_000)
+        expect(row.locator(".bytes")).to_contain_text(" of 3.0 MiB")
+        world.agent.kill()
+
+        expect(row).to_have_attribute("data-state", "failed", timeout=20_000)
+        expect(row.locator(".error")).to_contain_text(
+            "node node-a stopped answering while downloading: connection refused"
+        )
+        expect(page.locator("#deployment-summary")).to_contain_text("Failed")
+
+        world.agent.start()
+        page.get_by_role("button", name="Retry failed nodes").click()
+        expect(page.locator(".notice")).to_have_text("Retrying the failed nodes: node-a.")
+        expect(row).to_contain_text("attempt 2")
+        expect(row).to_have_attribute("data-state", "succeeded", timeout=30_000)
+
+    expect(page.locator("#deployment-summary")).to_contain_text("Succeeded")
+    assert progress_value(page, bar) == 100.0
+    assert page.evaluate("window.loadedOnce") is True
+    assert committed(lambda: DeploymentNode.objects.get(pk=world.row.pk).attempt) == 2
+    page.screenshot(path=SCREENSHOT, full_page=True)

@@ -1,0 +1,82 @@
+"""A real Celery worker process for tests, sharing the test database and Redis.
+
+Tasks it runs read what the test wrote, so that data must be committed (`transactional_db` or
+`committed_db`), and the tests remove their rows afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from nexus.celery import app
+from tests.support.live import REPO_ROOT, server_environment
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclass
+class RunningWorker:
+    """A running Celery worker and its log."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def answers_ping(self) -> bool:
+        """Say whether the worker answers a broadcast ping (it consumes tasks by then)."""
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the worker exited with {self.process.returncode}:\n{self.log()}")
+        replies = app.control.ping(destination=[self.name], timeout=1.0)
+        return any(self.name in reply for reply in replies)
+
+    def stop(self) -> None:
+        """SIGTERM (a warm shutdown: running tasks finish), SIGKILL after 15 s."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT_S)
+
+
+@contextmanager
+def running_worker(tmp_path: Path, **env: str) -> Iterator[RunningWorker]:
+    """Run `celery -A nexus worker` (threads, 4 at once) until the block ends."""
+    name = f"test-{uuid.uuid4().hex[:8]}@{REPO_ROOT.name}"
+    log_path = tmp_path / f"worker-{name.partition('@')[0]}.log"
+    command = [
+        sys.executable, "-m", "celery", "-A", "nexus", "worker", "--pool", "threads",
+        "--concurrency", "4", "--without-heartbeat", "--without-mingle", "--without-gossip",
+        "-l", "INFO", "-n", name,
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=server_environment(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    worker = RunningWorker(name=name, process=process, log_path=log_path)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not worker.answers_ping():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the worker did not answer in {START_TIMEOUT_S} s:\n{worker.log()}"
+                )
+        yield worker
+    finally:
+        worker.stop()
