@@ -190,6 +190,8 @@ SPECTACULAR_SETTINGS = {
 
 # The gateway (hot path): body bound, upstream timeouts, snapshot refresh.
 NEXUS_MAX_BODY_BYTES = env_int("NEXUS_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
+# Model folders: the largest file one upload may write (bytes); larger ones get 413.
+NEXUS_MAX_UPLOAD_BYTES = env_int("NEXUS_MAX_UPLOAD_BYTES", 1 << 30, minimum=1)
 NEXUS_UPSTREAM_CONNECT_TIMEOUT_S = env_int("NEXUS_UPSTREAM_CONNECT_TIMEOUT_S", 5, minimum=1)
 NEXUS_UPSTREAM_READ_TIMEOUT_S = env_int("NEXUS_UPSTREAM_READ_TIMEOUT_S", 600, minimum=1)
 NEXUS_UPSTREAM_MAX_CONNECTIONS = env_int("NEXUS_UPSTREAM_MAX_CONNECTIONS", 1000, minimum=1)

@@ -1,0 +1,133 @@
+"""Model folder pages in a real Chromium against a real daphne: create, upload, view, delete."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.nexus.factories import make_user
+from tests.support.live import LiveServer, running_nexus
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PASSWORD = "a long enough password"
+MODEL_DEFINITION = """models:
+  - name: llama
+    model_path: /models
+    service:
+      start_command: python -m vllm.entrypoints.openai.api_server --port 8000
+      port: 8000
+      health_check:
+        path: /health
+"""
+SCREENSHOT = Path("/tmp/nexus-model-folders-page.png")
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """The server's own data dir, so that its model folders start empty and vanish afterwards."""
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def nexus(transactional_db: None, tmp_path: Path, data_dir: Path) -> Iterator[LiveServer]:
+    make_user("owner", password=PASSWORD, staff=True)
+    with running_nexus(tmp_path, NEXUS_DATA_DIR=str(data_dir)) as server:
+        yield server
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)."
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    yield context.new_page()
+    context.close()
+
+
+def sign_in(page: Page, nexus: LiveServer) -> None:
+    page.goto(f"{nexus.url}/serving/models/")
+    expect(page).to_have_url(f"{nexus.url}/login/?next=/serving/models/")
+    page.get_by_label("Username").fill("owner")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(f"{nexus.url}/serving/models/")
+
+
+def test_an_owner_creates_a_folder_uploads_views_and_deletes_a_model_definition(
+    nexus: LiveServer, page: Page, data_dir: Path, tmp_path: Path
+) -> None:
+    definition = tmp_path / "model-definition.yaml"
+    definition.write_text(MODEL_DEFINITION)
+    sign_in(page, nexus)
+    expect(page.get_by_text("No model folders yet.")).to_be_visible()
+
+    # Create: htmx swaps in the table with the new folder, without reloading the page.
+    page.evaluate("window.loadedOnce = true")
+    page.get_by_label("Name").fill("llama-3.1-8b")
+    page.get_by_label("Description").fill("Meta's 8B instruct")
+    page.get_by_role("button", name="Create folder").click()
+    row = page.locator("#model-folder-llama-3\\.1-8b")
+    expect(row).to_contain_text("Meta's 8B instruct")
+    expect(page.get_by_role("status")).to_contain_text("Created model folder llama-3.1-8b.")
+    assert page.evaluate("window.loadedOnce") is True
+    assert (data_dir / "models" / "llama-3.1-8b").is_dir()
+
+    # Upload: the file is listed, and the folder now has a model definition.
+    row.get_by_role("link", name="llama-3.1-8b").click()
+    expect(page).to_have_url(f"{nexus.url}/serving/models/llama-3.1-8b/")
+    page.get_by_label("File").set_input_files(definition)
+    page.get_by_role("button", name="Upload").click()
+    expect(page.locator(".messages")).to_contain_text("Uploaded model-definition.yaml")
+    files = page.locator("#files-table")
+    expect(files.locator("tbody tr")).to_have_count(1)
+    expect(files.locator("tbody tr")).to_contain_text("model-definition.yaml")
+    expect(files.locator(".facts")).to_contain_text("Model definition model-definition.yaml")
+    page.screenshot(path=SCREENSHOT, full_page=True)
+
+    # View: the text as uploaded.
+    files.get_by_role("link", name="model-definition.yaml").click()
+    expect(page).to_have_url(re.compile(r"/serving/models/llama-3\.1-8b/files/model-definition"))
+    assert page.locator("pre").inner_text() == MODEL_DEFINITION
+    page.go_back()
+
+    # Delete the file: confirmed, then the table is swapped in without it.
+    page.once("dialog", lambda dialog: dialog.accept())
+    files.get_by_role("button", name="Delete model-definition.yaml").click()
+    expect(files).to_contain_text("Deleted model-definition.yaml.")
+    expect(files).to_contain_text("No files yet.")
+    assert list((data_dir / "models" / "llama-3.1-8b").iterdir()) == []
+
+    # Delete the folder: a confirmation page, then the list without it.
+    page.get_by_role("link", name="Delete folder").click()
+    expect(page.get_by_role("heading", name="Delete model folder llama-3.1-8b?")).to_be_visible()
+    page.get_by_role("button", name="Delete folder").click()
+    expect(page).to_have_url(f"{nexus.url}/serving/models/")
+    expect(page.locator(".messages")).to_contain_text("Deleted model folder llama-3.1-8b")
+    expect(page.get_by_text("No model folders yet.")).to_be_visible()
+    assert list((data_dir / "models").iterdir()) == []
