@@ -38,6 +38,11 @@ class ApiToken(models.Model):
     pools = models.JSONField(
         default=list, blank=True, help_text="Pool slugs this token may call when not all pools."
     )
+    services = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Names of the model services this token may call (a service token).",
+    )
     expires_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
@@ -60,17 +65,22 @@ class ApiToken(models.Model):
         name: str,
         *,
         pools: list[str] | None = None,
+        services: list[str] | None = None,
         expires_at: datetime | None = None,
         created_by: models.Model | None = None,
     ) -> tuple[ApiToken, str]:
-        """Create a token and return it with its secret, which is never stored."""
+        """Create a token and return it with its secret, which is never stored.
+
+        A token names pools (none: all ordinary pools) or, as a service token, services only.
+        """
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(
             name=name,
             prefix=secret[:10],
             token_hash=hash_token(secret),
-            all_pools=not pools,
+            all_pools=not pools and not services,
             pools=sorted(set(pools or [])),
+            services=sorted(set(services or [])),
             expires_at=expires_at,
             created_by=created_by,
         )
@@ -91,6 +101,9 @@ class ApiToken(models.Model):
 
     def may_use_pool(self, slug: str) -> bool:
         return self.all_pools or slug in self.pools
+
+    def may_use_service(self, name: str) -> bool:
+        return name in self.services
 
 
 class ConfigVersion(models.Model):

@@ -11,6 +11,7 @@ from nexus.env import (
     data_dir,
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_list,
     env_str,
@@ -145,6 +146,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # Nodes: how often the fleet is refreshed (status, inventory); a node that misses one is offline.
 NEXUS_NODE_REFRESH_S = env_int("NEXUS_NODE_REFRESH_S", 10, minimum=1)
 NEXUS_AGENT_TIMEOUT_S = env_int("NEXUS_AGENT_TIMEOUT_S", 5, minimum=1)
+# Model serving: how often replicas are reconciled (placed, started, rolled out, replaced) and
+# due health probes are sent. Probe timing itself follows each service's health check.
+NEXUS_SERVING_TICK_S = env_float("NEXUS_SERVING_TICK_S", 1.0, minimum=0.2)
 # The one beat schedule table: every row expires just before its next run.
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {
@@ -156,6 +160,16 @@ CELERY_BEAT_SCHEDULE = {
         "task": "nodes.tasks.refresh_nodes",
         "schedule": float(NEXUS_NODE_REFRESH_S),
         "options": {"expires": NEXUS_NODE_REFRESH_S * 0.9},
+    },
+    "serving-reconcile": {
+        "task": "serving.tasks.reconcile",
+        "schedule": NEXUS_SERVING_TICK_S,
+        "options": {"expires": NEXUS_SERVING_TICK_S * 0.9},
+    },
+    "serving-probe": {
+        "task": "serving.tasks.probe_routes",
+        "schedule": NEXUS_SERVING_TICK_S,
+        "options": {"expires": NEXUS_SERVING_TICK_S * 0.9},
     },
     "pools-prune-history": {
         "task": "pools.tasks.prune_history",

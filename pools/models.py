@@ -46,6 +46,18 @@ class TargetState(models.TextChoices):
     DRAINED = "drained", "Drained"
 
 
+class TargetHealth(models.TextChoices):
+    """Active probes' verdict on a target (the balancer's Health has the same values).
+
+    Only service-managed targets are probed; every other target stays healthy and is judged
+    by passive health (real request failures) alone.
+    """
+
+    HEALTHY = "healthy", "Healthy"
+    DEGRADED = "degraded", "Degraded"  # latest probe failed: ranked after every healthy target
+    UNHEALTHY = "unhealthy", "Unhealthy"
+
+
 def all_request_kinds() -> list[str]:
     return [kind.value for kind in RequestKind]
 
@@ -74,6 +86,12 @@ class Pool(models.Model):
         default=0.25,
         validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
         help_text="How much busier (utilization) the sticky target may be than the best one.",
+    )
+    managed = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="Owned by a model service: its targets are the service's ready replicas, and "
+        "only the service's tokens reach it (never an all-pools token).",
     )
     history_retention_days = models.PositiveIntegerField(default=14)
     history_max_rows = models.PositiveIntegerField(default=100_000)
@@ -136,6 +154,9 @@ class Target(models.Model):
         help_text="Draining takes no new requests; drained has none left. Resume to serve again.",
     )
     state_changed_at = models.DateTimeField(null=True, blank=True)
+    health = models.CharField(
+        max_length=16, choices=TargetHealth.choices, default=TargetHealth.HEALTHY
+    )
     position = models.PositiveIntegerField(default=0, help_text="Order for round robin.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

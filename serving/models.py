@@ -1,4 +1,5 @@
-"""Model serving's stored objects: model folders (directories of model files under the data dir)."""
+"""Model serving's stored objects: model folders, resource groups and presets, services with
+their immutable revisions, and routes (replicas)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Lower
 
@@ -90,3 +92,224 @@ class ModelFolder(models.Model):
     def service_definition_file(self) -> str | None:
         """Return the name of the folder's service definition file, if it has one."""
         return SERVICE_DEFINITION_NAME if (self.path / SERVICE_DEFINITION_NAME).is_file() else None
+
+
+class ResourceGroup(models.Model):
+    """Trusted nodes a service's replicas may run on."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    all_nodes = models.BooleanField(
+        default=False, help_text="Every trusted node, now and later, instead of the list."
+    )
+    nodes = models.ManyToManyField("nodes.Node", blank=True, related_name="resource_groups")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ResourcePreset(models.Model):
+    """A named set of resource slots a replica reserves on its node."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    cpu = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
+    memory_bytes = models.BigIntegerField(default=1 << 30, validators=[MinValueValidator(0)])
+    cuda_shares = models.FloatField(default=0.0, validators=[MinValueValidator(0.0)])
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def slots(self) -> dict[str, float]:
+        return {"cpu": self.cpu, "mem": self.memory_bytes, "cuda.shares": self.cuda_shares}
+
+
+class ServiceLifecycle(models.TextChoices):
+    ACTIVE = "active", "Active"
+    DESTROYING = "destroying", "Destroying"
+    DESTROYED = "destroyed", "Destroyed"
+
+
+class Service(models.Model):
+    """A model service (an endpoint): N replicas of its latest revision, behind one URL.
+
+    Its replicas are the targets of a pool it owns (`pool`), so /serve/<name>/ and
+    `@pool/<name>` go through the same balancer as every pool.
+    """
+
+    name = models.SlugField(
+        max_length=64, help_text="Unique among services that are not destroyed; in the URL."
+    )
+    project = models.CharField(max_length=100, default="default")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    open_to_public = models.BooleanField(default=False)
+    desired_replicas = models.PositiveSmallIntegerField(
+        default=1, validators=[MaxValueValidator(64)]
+    )
+    lifecycle = models.CharField(
+        max_length=16, choices=ServiceLifecycle.choices, default=ServiceLifecycle.ACTIVE
+    )
+    latest_revision = models.ForeignKey(
+        "Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # The revision the ready replicas run; differs from the latest while a rollout is under way.
+    running_revision = models.ForeignKey(
+        "Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    pool = models.OneToOneField(
+        "pools.Pool",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="service",
+        help_text="The managed pool whose targets are the ready replicas.",
+    )
+    status_message = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    destroyed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                "name",
+                condition=~models.Q(lifecycle="destroyed"),
+                name="serving_service_name_unique_while_alive",
+                violation_error_message="A service of this name exists.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RevisionState(models.TextChoices):
+    PENDING = "pending", "Pending"  # created, not rolled out yet
+    ROLLING_OUT = "rolling_out", "Rolling out"
+    RUNNING = "running", "Running"  # every ready replica runs it
+    ROLLED_BACK = "rolled_back", "Rolled back"  # never became healthy; the reason says why
+    SUPERSEDED = "superseded", "Superseded"  # a later revision replaced it
+
+
+class Revision(models.Model):
+    """One immutable version of a service's launch: what runs, where, with which settings.
+
+    `spec` is resolved when the revision is made (from the model definition or the runtime
+    variant), so a rollout never depends on files changing later:
+    {"argv": [...], "env": {...}, "port": int | None, "model_name": str,
+     "health_check": {"path", "interval", "max_retries", "max_wait_time",
+                      "expected_status_code", "initial_delay"} | None,
+     "pre_start_actions": [{"action": ..., "args": {...}}, ...]}
+    argv, env and action paths use the mount destination; the agent side maps it to the folder.
+    """
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    model_folder = models.ForeignKey(ModelFolder, on_delete=models.PROTECT, related_name="+")
+    mount_destination = models.CharField(max_length=200, default="/models")
+    runtime_variant = models.CharField(max_length=32)
+    model_definition_path = models.CharField(max_length=300, blank=True)
+    command = models.TextField(blank=True, help_text="A pasted command line (Custom).")
+    environ = models.JSONField(default=dict, blank=True)
+    resource_group = models.ForeignKey(
+        ResourceGroup, on_delete=models.PROTECT, related_name="revisions"
+    )
+    preset = models.ForeignKey(
+        ResourcePreset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resource_slots = models.JSONField(default=dict, blank=True)
+    spec = models.JSONField(default=dict)
+    state = models.CharField(
+        max_length=16, choices=RevisionState.choices, default=RevisionState.PENDING
+    )
+    failure_reason = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["service", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["service", "number"], name="serving_revision_number_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.service.name} r{self.number}"
+
+
+class RouteState(models.TextChoices):
+    PROVISIONING = "provisioning", "Provisioning"
+    HEALTHY = "healthy", "Healthy"
+    UNHEALTHY = "unhealthy", "Unhealthy"
+    TERMINATING = "terminating", "Terminating"
+    TERMINATED = "terminated", "Terminated"
+    FAILED_TO_START = "failed_to_start", "Failed to start"
+
+
+class ProbeResult(models.TextChoices):
+    """The latest active probe's verdict, apart from the route's state."""
+
+    UNKNOWN = "unknown", "Not probed yet"
+    PASSED = "passed", "Passed"
+    FAILED = "failed", "Failed"  # a HEALTHY route with this is degraded
+
+
+class Route(models.Model):
+    """One replica of a service: a process on a node, started through its agent."""
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="routes")
+    revision = models.ForeignKey(Revision, on_delete=models.CASCADE, related_name="routes")
+    node = models.ForeignKey(
+        "nodes.Node", null=True, blank=True, on_delete=models.PROTECT, related_name="routes"
+    )
+    process_id = models.CharField(max_length=64, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(
+        max_length=20, choices=RouteState.choices, default=RouteState.PROVISIONING
+    )
+    status_message = models.CharField(
+        max_length=500, blank=True, help_text='e.g. "waiting: insufficient resources in gpu".'
+    )
+    # Active health checks (serving.health): the probe schedule and the failure count.
+    probe_result = models.CharField(
+        max_length=16, choices=ProbeResult.choices, default=ProbeResult.UNKNOWN
+    )
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    last_probe_at = models.DateTimeField(null=True, blank=True)
+    next_probe_at = models.DateTimeField(null=True, blank=True)
+    # Every error the route met (start failures, failed probes that made it unhealthy, exits),
+    # newest last: [{"at", "message", "exit_code", "log_tail"}]; kept until "clear errors".
+    errors = models.JSONField(default=list, blank=True)
+    target = models.OneToOneField(
+        "pools.Target", null=True, blank=True, on_delete=models.SET_NULL, related_name="route"
+    )
+    # A replacement for an unhealthy or failed route waits until then (exponential backoff).
+    not_before = models.DateTimeField(null=True, blank=True)
+    restart_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["service", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.service.name} route {self.pk}"
+
+    @property
+    def degraded(self) -> bool:
+        return self.state == RouteState.HEALTHY and self.probe_result == ProbeResult.FAILED
