@@ -15,7 +15,7 @@ from aiohttp import web
 from nodes.agent.bodies import query_number, read_json_object
 from nodes.agent.config import AgentConfig, agent_version
 from nodes.agent.errors import AgentError, invalid
-from nodes.agent.forwarding import Forwarder, new_upstream_session
+from nodes.agent.forwarding import Forwarder, ProcessProxy, Upstream, new_upstream_session
 from nodes.agent.identity import Identity
 from nodes.agent.inventory import Inventory
 from nodes.agent.jobs import JobRunner
@@ -54,6 +54,7 @@ class Agent:
         self.session: aiohttp.ClientSession
         self.inventory: Inventory
         self.forwarder: Forwarder
+        self.process_proxy: ProcessProxy
 
     async def start(self, app: web.Application) -> None:
         """Re-adopt processes and jobs, learn the GPUs, open the runtime session, start sampling."""
@@ -62,7 +63,9 @@ class Agent:
         self.resources = machine_resources(await detect_gpus())
         self.session = new_upstream_session()
         self.inventory = Inventory(self.session, self.processes.running, self.config.watch)
-        self.forwarder = Forwarder(self.session, self.inventory, self.config.upstream_timeout_s)
+        upstream = Upstream(self.session, self.config.upstream_timeout_s)
+        self.forwarder = Forwarder(upstream, self.inventory)
+        self.process_proxy = ProcessProxy(upstream, self.processes, MAX_BODY_BYTES)
         await self.metrics.start()
 
     async def close(self, app: web.Application) -> None:
@@ -136,6 +139,10 @@ class Agent:
             request, "grace", DEFAULT_STOP_GRACE_S, minimum=0, maximum=MAX_GRACE_S
         )
         return web.json_response(await self.processes.stop(request.match_info["id"], grace_s))
+
+    async def proxy_to_process(self, request: web.Request) -> web.StreamResponse:
+        """ANY /agent/v1/processes/{id}/http[/{path}]: to the process's own port."""
+        return await self.process_proxy.proxy(request)
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -247,6 +254,8 @@ def build_app(config: AgentConfig) -> web.Application:
     router.add_get("/agent/v1/processes/{id}", agent.get_process)
     router.add_delete("/agent/v1/processes/{id}", agent.stop_process)
     router.add_get("/agent/v1/processes/{id}/log", agent.process_log)
+    router.add_route("*", "/agent/v1/processes/{id}/http", agent.proxy_to_process)
+    router.add_route("*", "/agent/v1/processes/{id}/http/{path:.*}", agent.proxy_to_process)
     router.add_post("/agent/v1/jobs", agent.submit_job)
     router.add_get("/agent/v1/jobs", agent.list_jobs)
     router.add_get("/agent/v1/jobs/{id}", agent.get_job)

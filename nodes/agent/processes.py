@@ -3,7 +3,8 @@
 Each process runs in its own session (so it outlives the agent and is stopped as a group), writes
 its output straight into `<data_dir>/logs/<id>.log` and is recorded in `<data_dir>/processes.json`.
 A restarted agent re-adopts the processes still alive and reports the others lost; none is silently
-forgotten.
+forgotten. A process with pre-start actions starts as the runner of `nodes/agent/prestart.py`,
+which does them and then execs the command in the same process.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import logging
 import math
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -29,6 +32,7 @@ from typing import Any
 
 import psutil
 
+from nodes.agent import prestart
 from nodes.agent.config import CREDENTIAL_ENV
 from nodes.agent.errors import AgentError, invalid, not_found
 from nodes.agent.paths import ensure_allowed
@@ -37,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "processes.json"
 LOGS_DIR = "logs"
+# `<id>.json`: the runner's spec (bodies and environment: secrets, hence 0600, gone once read);
+# `<id>/`: the files its write_tempfile actions write. Both go when the process ends.
+PRESTART_DIR = "prestart"
 PORT_PLACEHOLDER = "${PORT}"
 # How many log lines a process's record keeps once it has ended.
 RECORD_TAIL_LINES = 20
@@ -58,7 +65,9 @@ MAX_TAIL_BYTES = 8 * 1024 * 1024
 LOST_MESSAGE = "ended while the agent was not its parent"
 UNKNOWN_EXIT_MESSAGE = "exit code unknown: the agent was not its parent"
 
-SPEC_FIELDS = frozenset({"argv", "env", "cwd", "port", "name", "model", "resources"})
+SPEC_FIELDS = frozenset(
+    {"argv", "env", "cwd", "port", "name", "model", "resources", "pre_start_actions"}
+)
 MODEL_FIELDS = frozenset({"id", "runtime", "digest", "health_path"})
 RESOURCE_FIELDS = frozenset({"cpu_count", "memory_bytes", "gpus"})
 
@@ -77,6 +86,7 @@ class _Spec:
     name: str
     model: dict[str, Any] | None
     resources: dict[str, Any]
+    pre_start_actions: list[dict[str, Any]]
 
 
 @dataclass(eq=False)
@@ -129,11 +139,12 @@ class ProcessManager:
         """Validate the spec, start its command in a new session and return its record.
 
         Nothing is started or recorded unless every field is valid; without a `cwd` the command
-        runs in the data dir.
+        runs in the data dir, and relative paths of pre-start actions are taken from it.
         """
         self._ensure_watching()
         parsed = _parse_spec(spec)
         cwd = self._resolve_cwd(parsed.cwd)
+        actions = self._resolve_action_paths(parsed.pre_start_actions, cwd)
         # A process that has just ended must release its port before ports are checked.
         self._poll()
         port = parsed.port
@@ -143,16 +154,23 @@ class ProcessManager:
             port = self._allocate_port()
         argv = [_substitute(item, port) for item in parsed.argv]
         env = {key: _substitute(value, port) for key, value in parsed.env.items()}
+        child_env = {**_inherited_environment(), **env}
+        if actions:
+            actions = [_substitute_action(action, port) for action in actions]
+            _check_executable(argv[0], child_env)
 
         process_id = self._new_id()
         log_path = self._log_path(process_id)
+        command = argv
+        if actions:
+            command = self._prestart_command(process_id, argv, child_env, actions)
         try:
             # The child gets its own descriptor of the log, so its output survives the agent.
             with log_path.open("ab") as log:
                 popen = subprocess.Popen(
-                    argv,
+                    command,
                     cwd=cwd,
-                    env={**_inherited_environment(), **env},
+                    env=child_env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -160,7 +178,8 @@ class ProcessManager:
                 )
         except OSError as error:
             log_path.unlink(missing_ok=True)
-            raise _spawn_error(argv[0], error) from error
+            self._remove_prestart_files(process_id)
+            raise _spawn_error(command[0], error) from error
 
         process = _Process(
             record={
@@ -178,6 +197,7 @@ class ProcessManager:
                 "ended_at": None,
                 "model": parsed.model,
                 "resources": parsed.resources,
+                "pre_start_actions": len(actions),
                 "log_tail": None,
                 "message": None,
             },
@@ -257,6 +277,56 @@ class ProcessManager:
         if not resolved.is_dir():
             raise invalid("cwd", f"{cwd} is not a directory")
         return resolved
+
+    def _resolve_action_paths(
+        self, actions: list[dict[str, Any]], cwd: Path
+    ) -> list[dict[str, Any]]:
+        """Return the actions with their paths made absolute (relative ones from `cwd`).
+
+        A path outside the allowed directories is refused with 403 naming the argument.
+        """
+        resolved = []
+        for index, action in enumerate(actions):
+            args = dict(action["args"])
+            for name in prestart.path_args(action):
+                try:
+                    args[name] = str(ensure_allowed(cwd / args[name], self.allowed_dirs))
+                except AgentError as error:
+                    field = f"pre_start_actions[{index}].args.{name}"
+                    raise AgentError(
+                        error.status, error.code, f"{field}: {error.message}", kind=error.kind
+                    ) from None
+            resolved.append({"action": action["action"], "args": args})
+        return resolved
+
+    def _prestart_command(
+        self,
+        process_id: str,
+        argv: list[str],
+        env: dict[str, str],
+        actions: list[dict[str, Any]],
+    ) -> list[str]:
+        """Write the runner's spec (mode 0600) and return the command that runs the runner."""
+        directory = self.data_dir / PRESTART_DIR
+        directory.mkdir(mode=0o700, exist_ok=True)
+        spec_path = directory / f"{process_id}.json"
+        spec = {
+            "argv": argv,
+            "env": env,
+            "actions": actions,
+            "tempdir": str(directory / process_id),
+        }
+        descriptor = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(descriptor, "w") as file:
+            json.dump(spec, file)
+        # Isolated mode and a file path: see nodes/agent/prestart.py.
+        return [sys.executable, "-I", prestart.__file__, str(spec_path)]
+
+    def _remove_prestart_files(self, process_id: str) -> None:
+        """Remove what a process's pre-start actions left: the runner's spec and tempfiles."""
+        directory = self.data_dir / PRESTART_DIR
+        (directory / f"{process_id}.json").unlink(missing_ok=True)
+        shutil.rmtree(directory / process_id, ignore_errors=True)
 
     def _claim(self, port: int) -> None:
         """Refuse a port another running process holds or something else has bound."""
@@ -357,6 +427,7 @@ class ProcessManager:
             log_tail=_tail(self._log_path(process.record["id"]), RECORD_TAIL_LINES),
         )
         process.popen = None
+        self._remove_prestart_files(process.record["id"])
         if save:
             self._prune()
             self._save()
@@ -411,6 +482,7 @@ def _parse_spec(spec: Mapping[str, Any]) -> _Spec:
         name=_parse_name(spec.get("name")),
         model=_parse_model(spec.get("model")),
         resources=_parse_resources(spec.get("resources")),
+        pre_start_actions=_parse_pre_start_actions(spec.get("pre_start_actions")),
     )
 
 
@@ -535,6 +607,13 @@ def _parse_gpus(gpus: Any) -> list[int]:
     return indexes
 
 
+def _parse_pre_start_actions(actions: Any) -> list[dict[str, Any]]:
+    try:
+        return prestart.parse_actions(actions)
+    except prestart.ActionError as error:
+        raise invalid(error.field, error.problem) from None
+
+
 def _is_int(value: Any) -> bool:
     # bool is an int subclass, but `true` is no port, line count or byte count.
     return isinstance(value, int) and not isinstance(value, bool)
@@ -550,11 +629,38 @@ def _inherited_environment() -> dict[str, str]:
 
 
 def _mentions_port(spec: _Spec) -> bool:
-    return any(PORT_PLACEHOLDER in item for item in [*spec.argv, *spec.env.values()])
+    texts = [*spec.argv, *spec.env.values()]
+    for action in spec.pre_start_actions:
+        for value in action["args"].values():
+            texts.extend(value if isinstance(value, list) else [value])
+    return any(isinstance(text, str) and PORT_PLACEHOLDER in text for text in texts)
 
 
 def _substitute(text: str, port: int | None) -> str:
     return text if port is None else text.replace(PORT_PLACEHOLDER, str(port))
+
+
+def _substitute_action(action: dict[str, Any], port: int | None) -> dict[str, Any]:
+    """Return the action with `${PORT}` replaced in its string arguments and command."""
+    args = {}
+    for name, value in action["args"].items():
+        if isinstance(value, list):
+            args[name] = [_substitute(item, port) for item in value]
+        elif isinstance(value, str):
+            args[name] = _substitute(value, port)
+        else:
+            args[name] = value
+    return {"action": action["action"], "args": args}
+
+
+def _check_executable(executable: str, env: Mapping[str, str]) -> None:
+    """Refuse a command name not on PATH, as starting it would; a path may be made by an action.
+
+    With pre-start actions the command runs only after them, so this is the one chance to
+    answer 400 rather than fail later; `./start.sh` written by a write_file is not checked.
+    """
+    if "/" not in executable and shutil.which(executable, path=env.get("PATH", os.defpath)) is None:
+        raise invalid("argv[0]", f"{executable} not found")
 
 
 def _bind_problem(port: int) -> str | None:
