@@ -1,4 +1,5 @@
-"""Deployments' domain operations: create one, run one node's part, retry the failed nodes.
+"""Deployments' domain operations: create one, run one node's part, retry the failed nodes,
+resume the parts whose worker was lost.
 
 The only entry other apps and the shells (API, pages, tasks) use. A deployment never touches
 pools: serving a deployed model through a pool is the operator's own, separate step.
@@ -10,6 +11,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -38,6 +40,10 @@ logger = logging.getLogger(__name__)
 # part fails: a crashed agent is noticed within seconds, a brief hiccup is not a failure.
 POLL_INTERVAL_S = 0.5
 UNREACHABLE_AFTER_S = 5.0
+# A running row's follower touches it at least this often, even when nothing changed; a row left
+# untouched for STALLED_AFTER_S lost its follower (a worker killed, a controller restarted).
+HEARTBEAT_S = 10.0
+STALLED_AFTER_S = 60.0
 # The job fields copied onto the node row as they change.
 PROGRESS_FIELDS = ("phase", "bytes_done", "bytes_total", "percent", "message")
 _HF_REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -210,28 +216,90 @@ def run_node(row_id: int) -> str:
     )
     if not claimed:
         return "skipped"
+    return _drive(row_id)
+
+
+def resume_stalled() -> int:
+    """Find running rows whose follower stopped touching them, claim each, and queue its resume.
+
+    The claim is a conditional UPDATE of `updated_at`: of two beats that saw the same stalled row,
+    only one claims it, and the resume task takes over only from the claim it was queued with.
+    Returns how many rows were queued.
+    """
+    cutoff = timezone.now() - timedelta(seconds=STALLED_AFTER_S)
+    stalled = DeploymentNode.objects.filter(state=NodeState.RUNNING, updated_at__lt=cutoff)
+    queued = 0
+    for row_id in stalled.values_list("pk", flat=True):
+        claimed_at = timezone.now()
+        claimed = DeploymentNode.objects.filter(
+            pk=row_id, state=NodeState.RUNNING, updated_at__lt=cutoff
+        ).update(updated_at=claimed_at)
+        if claimed and _enqueue_resume(row_id, claimed_at):
+            queued += 1
+    return queued
+
+
+def _enqueue_resume(row_id: int, claimed_at: datetime) -> bool:
+    """Queue a row's resume; a broker that cannot take it leaves the row for the next beat."""
+    # Imported here: tasks import this module, and the task is only a name for the broker.
+    from deployments.tasks import resume_deployment_node
+
+    try:
+        resume_deployment_node.delay(row_id, claimed_at.isoformat())
+    except Exception:
+        logger.warning("could not queue the resume of deployment node %s", row_id, exc_info=True)
+        return False
+    logger.info("deployment node %s lost its follower; resuming it", row_id)
+    return True
+
+
+def resume_node(row_id: int, claimed_at: datetime) -> str:
+    """Follow a stalled node's part again: the agent job it recorded, else a new one.
+
+    Takes over only while the row is still as `resume_stalled` claimed it: a second delivery, or
+    a follower that came back to life meanwhile, has touched it since, and this does nothing.
+    The attempt stays: it is the same attempt, only followed by another worker.
+    """
+    taken = DeploymentNode.objects.filter(
+        pk=row_id, state=NodeState.RUNNING, updated_at=claimed_at
+    ).update(updated_at=timezone.now())
+    if not taken:
+        return "skipped"
+    return _drive(row_id)
+
+
+def _drive(row_id: int) -> str:
+    """Follow a claimed running row's agent job to the end, submitting it first if it has none."""
     row = DeploymentNode.objects.select_related("deployment", "node").get(pk=row_id)
     live.node_changed(row.pk)
     node = row.node
     with node.client() as agent:
-        try:
-            job = agent.submit_job(row.deployment.job_spec())
-        except AgentUnreachable as error:
-            return _finish(
-                row.pk, NodeState.FAILED, error=f"node {node.name} did not answer: {error.reason}"
-            )
-        except AgentRefused as error:
-            return _finish(
-                row.pk, NodeState.FAILED, error=f"node {node.name} refused the job: {error.message}"
-            )
-        if not _save(row.pk, {"agent_job_id": str(job["id"]), **_progress(job)}):
-            return "gone"
-        job = _follow(agent, node, row.pk, job)
-    if job is None:
+        if row.agent_job_id:
+            # Resumed: the job ran on in the agent meanwhile; its next poll says where it is.
+            job: dict[str, Any] = {"id": row.agent_job_id, "state": "running", "phase": row.phase}
+        else:
+            try:
+                job = agent.submit_job(row.deployment.job_spec())
+            except AgentUnreachable as error:
+                return _finish(
+                    row.pk,
+                    NodeState.FAILED,
+                    error=f"node {node.name} did not answer: {error.reason}",
+                )
+            except AgentRefused as error:
+                return _finish(
+                    row.pk,
+                    NodeState.FAILED,
+                    error=f"node {node.name} refused the job: {error.message}",
+                )
+            if not _save(row.pk, {"agent_job_id": str(job["id"]), **_progress(job)}):
+                return "gone"
+        followed = _follow(agent, node, row.pk, job)
+    if followed is None:
         ended = DeploymentNode.objects.filter(pk=row.pk).values_list("state", flat=True)
         return ended.first() or "gone"
-    if job.get("state") != "succeeded":
-        error = job.get("error") or f"the job ended {job.get('state')} without saying why"
+    if followed.get("state") != "succeeded":
+        error = followed.get("error") or f"the job ended {followed.get('state')} without saying why"
         return _finish(row.pk, NodeState.FAILED, error=error)
     return _check_inventory(row.pk, node, row.deployment.model_name)
 
@@ -240,8 +308,10 @@ def _follow(
     agent: AgentClient, node: Node, row_id: int, job: dict[str, Any]
 ) -> dict[str, Any] | None:
     """Poll the job until it ends and return it; None once the node's part has failed or its row
-    is gone (deleted with its deployment)."""
+    is gone (deleted with its deployment). The row is touched at least every HEARTBEAT_S, so that
+    `resume_stalled` can tell a followed row from one whose worker was lost."""
     silent_since: float | None = None
+    touched = time.monotonic()
     while job.get("state") == "running":
         time.sleep(POLL_INTERVAL_S)
         try:
@@ -259,7 +329,10 @@ def _follow(
             )
             return None
         silent_since = None
-        if not _save(row_id, _progress(job)):
+        touch = time.monotonic() - touched >= HEARTBEAT_S
+        if touch:
+            touched = time.monotonic()
+        if not _save(row_id, _progress(job), touch=touch):
             return None
     return job
 
@@ -287,14 +360,18 @@ def _progress(job: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _save(row_id: int, fields: dict[str, Any]) -> bool:
-    """Store what changed on the row and push it to open pages; False when the row is gone."""
+def _save(row_id: int, fields: dict[str, Any], *, touch: bool = False) -> bool:
+    """Store what changed on the row and push it to open pages; False when the row is gone.
+
+    `touch` saves `updated_at` even when nothing changed: the follower's heartbeat.
+    """
     row = DeploymentNode.objects.filter(pk=row_id).first()
     if row is None:
         return False
     changed = {name: value for name, value in fields.items() if getattr(row, name) != value}
-    if changed:
+    if changed or touch:
         DeploymentNode.objects.filter(pk=row_id).update(**changed, updated_at=timezone.now())
+    if changed:
         live.node_changed(row_id)
     return True
 

@@ -16,18 +16,22 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from nexus import upload_guard  # noqa: E402
 from nexus.routing import websocket_urlpatterns  # noqa: E402
 from pools.gateway.app import Gateway  # noqa: E402
 
 gateway = Gateway()
+# A body larger than any upload is refused before it is read: Django would read it all first.
+guarded_django_app = upload_guard.guard(django_app)
+upload_guard.install_in_daphne()
 
 
 async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
-    """Send /v1 to the gateway without touching Django's request machinery."""
-    if scope["path"].startswith("/v1/"):
+    """Send /v1 and /serve to the gateway without touching Django's request machinery."""
+    if scope["path"].startswith(("/v1/", "/serve/")):
         await gateway(scope, receive, send)
     else:
-        await django_app(scope, receive, send)
+        await guarded_django_app(scope, receive, send)
 
 
 application = ProtocolTypeRouter(

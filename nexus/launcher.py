@@ -18,6 +18,9 @@ POLL_S = 0.1
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 TAIL_LINES = 20
+# Children stop in waves, lowest first; what was adopted (the bundled Redis) stops last.
+FIRST_WAVE = 0
+LAST_WAVE = 2
 
 
 class LaunchError(Exception):
@@ -37,6 +40,10 @@ class Child:
     log_path: Path
     # Children we start lead their own process group; an adopted one (the bundled Redis) does not.
     own_group: bool = True
+    stop_wave: int = FIRST_WAVE
+    # Called before the child's wave is stopped, whether or not the child still runs: its
+    # chance to clean up after itself. It must not raise, or later children would be left running.
+    before_stop: Callable[[], None] | None = None
 
     def tail(self, lines: int = TAIL_LINES) -> str:
         """Return the last lines of the child's log."""
@@ -91,28 +98,40 @@ class Supervisor:
         # Only a flag: raising here could interrupt Popen between fork and bookkeeping.
         self.stop_signal = signal.Signals(signum).name
 
-    def start(self, name: str, argv: Sequence[str]) -> Child:
-        """Start argv with its output in <log_dir>/<name>.log, in a new process group."""
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stop_wave: int = FIRST_WAVE,
+        before_stop: Callable[[], None] | None = None,
+    ) -> Child:
+        """Start argv with its output in <log_dir>/<name>.log, in a new process group.
+
+        `env` replaces the supervisor's environment for this child; `stop_wave` and
+        `before_stop` say when and how `stop_all` stops it.
+        """
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 list(argv),
                 cwd=self.cwd,
-                env=self.env,
+                env=dict(env) if env is not None else self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 # Its own session: Ctrl-C reaches only the launcher, which then stops it in order.
                 start_new_session=True,
             )
-        child = Child(name, process, log_path)
+        child = Child(name, process, log_path, stop_wave=stop_wave, before_stop=before_stop)
         self.children.append(child)
         return child
 
     def adopt(self, name: str, process: subprocess.Popen[bytes], log_path: Path) -> Child:
         """Watch a process someone else started; it is stopped after every started child."""
-        child = Child(name, process, log_path, own_group=False)
+        child = Child(name, process, log_path, own_group=False, stop_wave=LAST_WAVE)
         self.children.append(child)
         return child
 
@@ -144,16 +163,18 @@ class Supervisor:
             time.sleep(POLL_S)
 
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop started children together, then adopted ones: SIGTERM, SIGKILL after grace_s."""
-        started = [child for child in self.children if child.own_group]
-        adopted = [child for child in self.children if not child.own_group]
+        """Stop the children wave by wave, each wave together: SIGTERM, SIGKILL after grace_s."""
         # Servers before the Redis they talk to, so a worker's warm shutdown can still ack.
-        for wave in (started, adopted):
-            for child in wave:
+        for wave in sorted({child.stop_wave for child in self.children}):
+            members = [child for child in self.children if child.stop_wave == wave]
+            for child in members:
+                if child.before_stop is not None:
+                    child.before_stop()
+            for child in members:
                 if child.process.poll() is None:
                     child.process.terminate()
             deadline = time.monotonic() + grace_s
-            for child in wave:
+            for child in members:
                 try:
                     child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:

@@ -146,6 +146,8 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # Nodes: how often the fleet is refreshed (status, inventory); a node that misses one is offline.
 NEXUS_NODE_REFRESH_S = env_int("NEXUS_NODE_REFRESH_S", 10, minimum=1)
 NEXUS_AGENT_TIMEOUT_S = env_int("NEXUS_AGENT_TIMEOUT_S", 5, minimum=1)
+# `make run` starts a local agent on this loopback port.
+NEXUS_AGENT_PORT = env_int("NEXUS_AGENT_PORT", 7100, minimum=1)
 # Model serving: how often replicas are reconciled (placed, started, rolled out, replaced) and
 # due health probes are sent. Probe timing itself follows each service's health check.
 NEXUS_SERVING_TICK_S = env_float("NEXUS_SERVING_TICK_S", 1.0, minimum=0.2)
@@ -175,6 +177,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "pools.tasks.prune_history",
         "schedule": 300.0,
         "options": {"expires": 290.0},
+    },
+    # Deployment rows whose worker died or restarted are followed again by another.
+    "deployments-resume-stalled": {
+        "task": "deployments.tasks.resume_stalled",
+        "schedule": 30.0,
+        "options": {"expires": 27.0},
     },
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -127,7 +128,7 @@ def kind_of(pid: int) -> str:
     # redis-server rewrites its command line into a title such as "…/redis-server unixsocket:…".
     if "redis-server" in argv[0]:
         return "redis"
-    for module in ("serving.runtimes.simulator", "daphne", "celery"):
+    for module in ("serving.runtimes.simulator", "daphne", "celery", "nodes.agent"):
         if module in argv:
             return module
     return " ".join(argv)
@@ -143,7 +144,9 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def launcher_environment(data_dir: Path, web_port: int, demo_ports: list[int]) -> dict[str, str]:
+def launcher_environment(
+    data_dir: Path, web_port: int, demo_ports: list[int], agent_port: int
+) -> dict[str, str]:
     """Return the environment of a launcher with its own data dir, ports and Redis keys."""
     env = {
         name: value
@@ -156,6 +159,9 @@ def launcher_environment(data_dir: Path, web_port: int, demo_ports: list[int]) -
         NEXUS_HOST="127.0.0.1",
         NEXUS_PORT=str(web_port),
         NEXUS_DEMO_PORTS=",".join(str(port) for port in demo_ports),
+        NEXUS_AGENT_PORT=str(agent_port),
+        # The local node's inventory shows a runtime started during the test within seconds.
+        NEXUS_NODE_REFRESH_S="1",
         # The bundled Redis is the launcher's own; a shared REDIS_URL (CI) needs our own keys.
         NEXUS_REDIS_PREFIX=f"nexus-system-{uuid.uuid4().hex[:8]}",
         PYTHONUNBUFFERED="1",
@@ -198,15 +204,47 @@ def read_rows(database: Path, query: str) -> list[tuple[Any, ...]]:
         return db.execute(query).fetchall()
 
 
+def start_runtime_on_the_local_agent(agent_url: str, data_dir: Path, model: str) -> dict[str, Any]:
+    """Start a simulator as a process of the local agent, with the credential it stored."""
+    credential = (data_dir / "agent" / "credential").read_text().strip()
+    response = httpx.post(
+        f"{agent_url}/agent/v1/processes",
+        headers={"Authorization": f"Bearer {credential}"},
+        json={
+            "argv": [sys.executable, "-m", "serving.runtimes.simulator", "--model", model,
+                     "--host", "127.0.0.1", "--port", "${PORT}"],
+            # The agent runs it in its data dir; the simulator is imported from this checkout.
+            "env": {"PYTHONPATH": str(REPO_ROOT)},
+            "name": f"simulator {model}",
+            "model": {"id": model, "runtime": "simulator"},
+        },
+        timeout=10,
+    )  # fmt: skip
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def wait_for_rows(database: Path, query: str, expected: list[tuple[Any, ...]]) -> None:
+    """Return once the query reads the expected rows; fail after START_TIMEOUT_S."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while (rows := read_rows(database, query)) != expected:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{query} reads {rows}, not {expected}")
+        time.sleep(0.2)
+
+
 def test_it_runs_the_demo_stops_everything_and_reuses_its_data_on_the_next_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     # Given a fresh data dir (a short path: Unix socket paths hold at most 107 bytes)
     data_dir = tmp_path_factory.mktemp("run")
-    web_port, *demo_ports = free_ports(4)
-    env = launcher_environment(data_dir, web_port, demo_ports)
+    web_port, agent_port, *demo_ports = free_ports(5)
+    env = launcher_environment(data_dir, web_port, demo_ports, agent_port)
     url = f"http://127.0.0.1:{web_port}"
+    agent_url = f"http://127.0.0.1:{agent_port}"
     database = data_dir / "nexus.sqlite3"
+    local_node = f"Local node    local: agent on {agent_url} (trusted)"
+    node_state = "SELECT name, address, trust, status FROM nodes_node"
 
     # When Nexus runs for the first time
     first = Launcher(env)
@@ -224,20 +262,39 @@ def test_it_runs_the_demo_stops_everything_and_reuses_its_data_on_the_next_run(
         # and serves the demo pool with a worker and beat behind it
         assert_it_serves_the_demo(url, token[1])
 
-        # and started Redis, three engines, daphne and the Celery worker
+        # and trusts the local agent it started as node `local`, which the refresh finds online
+        assert local_node in first.output
+        assert read_rows(database, node_state) == [("local", agent_url, "trusted", "online")]
+        printed = re.search(
+            r"^fingerprint: (\S+)$", (data_dir / "logs/agent.log").read_text(), re.M
+        )
+        assert printed, (data_dir / "logs/agent.log").read_text()
+        assert read_rows(database, "SELECT fingerprint FROM nodes_node") == [(printed[1],)]
+
+        # and a runtime the local agent starts shows in the node's inventory
+        runtime = start_runtime_on_the_local_agent(agent_url, data_dir, "local-1b")
+        inventory = "SELECT model_id, process_id FROM nodes_nodemodel"
+        wait_for_rows(database, inventory, [("local-1b", runtime["id"])])
+
+        # and started Redis, three engines, the agent, daphne and the Celery worker
         tree = process_tree(first.process.pid)
         children = [pid for pid, parent in tree.items() if parent == first.process.pid]
-        expected = {"serving.runtimes.simulator": 3, "daphne": 1, "celery": 1}
+        expected = {"serving.runtimes.simulator": 3, "daphne": 1, "celery": 1, "nodes.agent": 1}
         if "REDIS_URL" not in env:
             expected["redis"] = 1
         assert Counter(kind_of(pid) for pid in children) == expected
+        assert is_running(runtime["pid"]) and runtime["pid"] in tree
 
         # When it receives SIGTERM
         status = first.stop(signal.SIGTERM)
 
-        # Then it exits 0 and every process it started, and theirs, is gone
+        # Then it exits 0 and every process it started, and theirs, is gone: the agent's
+        # runtime was stopped through the agent, gracefully
         assert status == 0, first.output
         assert [pid for pid in tree if is_running(pid)] == []
+        assert "Stopping 1 runtime(s) the local agent runs..." in first.output
+        records = json.loads((data_dir / "agent/processes.json").read_text())["processes"]
+        assert [(r["id"], r["state"]) for r in records] == [(runtime["id"], "stopped")]
         assert "Nexus stopped." in first.output
     finally:
         first.kill()
@@ -257,6 +314,11 @@ def test_it_runs_the_demo_stops_everything_and_reuses_its_data_on_the_next_run(
         assert "nx-" not in second.output
         assert "manage.py nexus_token create --name me" in second.output
         assert_it_serves_the_demo(url, token[1])
+
+        # and the local agent is the same trusted node, with nothing of the last run left running
+        assert local_node in second.output
+        assert read_rows(database, node_state) == [("local", agent_url, "trusted", "online")]
+        assert "runtime(s) the local agent runs" not in second.output
 
         # and the demo was neither duplicated nor reset
         assert read_rows(database, "SELECT slug FROM pools_pool") == [("demo",)]
@@ -278,22 +340,26 @@ def test_it_runs_the_demo_stops_everything_and_reuses_its_data_on_the_next_run(
 
 @pytest.mark.parametrize(
     ("busy", "named"),
-    [("web", "the web server (NEXUS_PORT)"), (1, "demo engine 'medium' (NEXUS_DEMO_PORTS)")],
+    [
+        ("web", "the web server (NEXUS_PORT)"),
+        ("agent", "the local agent (NEXUS_AGENT_PORT)"),
+        (1, "demo engine 'medium' (NEXUS_DEMO_PORTS)"),
+    ],
 )
 def test_it_refuses_a_busy_port_at_once_and_names_it(
     tmp_path_factory: pytest.TempPathFactory, busy: str | int, named: str
 ) -> None:
     # Given another program listens on a port Nexus needs
     data_dir = tmp_path_factory.mktemp("busy")
-    web_port, *demo_ports = free_ports(4)
-    busy_port = web_port if busy == "web" else demo_ports[int(busy)]
+    web_port, agent_port, *demo_ports = free_ports(5)
+    busy_port = {"web": web_port, "agent": agent_port}.get(str(busy)) or demo_ports[int(busy)]
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", busy_port))
         holder.listen()
 
         # When Nexus starts
         started = time.monotonic()
-        launcher = Launcher(launcher_environment(data_dir, web_port, demo_ports))
+        launcher = Launcher(launcher_environment(data_dir, web_port, demo_ports, agent_port))
         try:
             status = launcher.wait_exit()
         finally:

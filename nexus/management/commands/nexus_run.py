@@ -6,7 +6,10 @@ import os
 import secrets
 import socket
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -20,14 +23,32 @@ from django.db.models import Q
 from nexus import embedded_redis, services
 from nexus.celery import app as celery_app
 from nexus.env import bundled_redis_socket, env_list
-from nexus.launcher import LaunchError, StopRequested, Supervisor, http_answers, port_in_use
+from nexus.launcher import (
+    FIRST_WAVE,
+    Child,
+    LaunchError,
+    StopRequested,
+    Supervisor,
+    http_answers,
+    port_in_use,
+)
 from nexus.models import ApiToken
+from nodes import services as node_services
+from nodes.agent.config import CREDENTIAL_ENV, CREDENTIAL_FILE
+from nodes.agent.identity import KEY_FILE, Identity
+from nodes.agent.processes import kill_all
+from nodes.client import AgentClient, AgentClientError
+from nodes.models import Node, NodeTrust
 from pools.models import POOL_MODEL_PREFIX
 from pools.services import DEMO_ENGINES, DEMO_MODEL, DEMO_POOL_SLUG, ensure_demo_pool
+from serving.models import models_root
 
 ADMIN_USERNAME = "admin"
 DEFAULT_DEMO_PORTS = ["9101", "9102", "9103"]
 WORKER_CONCURRENCY = 2
+LOCAL_NODE = "local"
+# How long each runtime the local agent runs gets to exit on SIGTERM at stop, before SIGKILL.
+RUNTIME_STOP_GRACE_S = 5
 
 
 @dataclass(frozen=True)
@@ -38,16 +59,55 @@ class FirstRun:
     demo_token: str | None = None
 
 
+@dataclass(frozen=True)
+class LocalAgent:
+    """The agent this run starts here, and the data dir that holds its key and credential."""
+
+    port: int
+    data_dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def credential(self) -> str | None:
+        """Return the credential the agent stored in its data dir, or None before it made one."""
+        try:
+            return (self.data_dir / CREDENTIAL_FILE).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def key_fingerprint(self) -> str:
+        """Return the fingerprint of the key in the agent's data dir, which must exist by now."""
+        if not (self.data_dir / KEY_FILE).is_file():
+            raise LaunchError(f"The local agent answers but {self.data_dir / KEY_FILE} is missing.")
+        return Identity.load_or_create(self.data_dir).fingerprint
+
+    def answers(self) -> bool:
+        """Return whether the agent answers an authenticated /agent/v1/info."""
+        credential = self.credential()
+        if credential is None:
+            return False
+        try:
+            with AgentClient(self.url, credential, timeout_s=1.0) as agent:
+                agent.info()
+        except AgentClientError:
+            return False
+        return True
+
+
 class Command(BaseCommand):
     help = (
-        "Run Nexus here: bundled Redis, web server, Celery worker with beat and the demo "
-        "engines. Creates the admin user and the demo pool on the first run. Ctrl-C stops all."
+        "Run Nexus here: bundled Redis, web server, Celery worker with beat, the demo engines "
+        "and a local agent (node 'local'). Creates the admin user and the demo pool on the "
+        "first run. Ctrl-C stops all."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run until a signal or a failure; either way, stop everything this run started."""
         ports = demo_ports()
-        check_ports_free(ports)
+        agent = LocalAgent(local_agent_port(ports), settings.DATA_DIR / "agent")
+        check_ports_free(ports, agent.port)
         supervisor = Supervisor(
             cwd=settings.BASE_DIR, env=child_environment(), log_dir=settings.DATA_DIR / "logs"
         )
@@ -55,8 +115,9 @@ class Command(BaseCommand):
         try:
             self.start_redis(supervisor)
             first_run = self.prepare_database(supervisor, ports)
-            start_processes(supervisor, ports)
-            self.say(banner(first_run, ports))
+            start_processes(supervisor, ports, agent, self.say)
+            local = self.trust_local_agent(agent)
+            self.say(banner(first_run, ports, local))
             supervisor.watch()
         except StopRequested as stop:
             self.say(f"\n{stop}: stopping Nexus...")
@@ -102,6 +163,20 @@ class Command(BaseCommand):
         supervisor.check()
         return first_run
 
+    def trust_local_agent(self, agent: LocalAgent) -> str:
+        """Make node `local` the agent this run started, trusted; return the banner's line."""
+        credential = agent.credential()
+        if credential is None:
+            raise LaunchError(f"The local agent answers but {agent.data_dir} holds no credential.")
+        try:
+            node = ensure_local_node(agent.url, credential, agent.key_fingerprint())
+        except node_services.NodeError as error:
+            # Nexus runs without it; the operator can add the agent by hand.
+            return f"not added: {error}"
+        finally:
+            connections.close_all()
+        return f"{node.name}: agent on {agent.url} ({node.get_trust_display().lower()})"
+
 
 def demo_ports() -> list[int]:
     """Return the demo engines' ports from NEXUS_DEMO_PORTS."""
@@ -119,13 +194,25 @@ def demo_ports() -> list[int]:
     return ports
 
 
-def check_ports_free(ports: list[int]) -> None:
+def local_agent_port(ports: list[int]) -> int:
+    """Return the local agent's port from NEXUS_AGENT_PORT."""
+    port = settings.NEXUS_AGENT_PORT
+    if port in (settings.NEXUS_PORT, *ports) or not 0 < port < 65536:
+        raise CommandError(
+            "NEXUS_AGENT_PORT must be a TCP port other than NEXUS_PORT and NEXUS_DEMO_PORTS, "
+            f"e.g. 7100; got {port}."
+        )
+    return port
+
+
+def check_ports_free(ports: list[int], agent_port: int) -> None:
     """Refuse to start when a port we need is taken, naming it and the setting that chose it."""
     wanted = [(settings.NEXUS_HOST, settings.NEXUS_PORT, "the web server (NEXUS_PORT)")]
     wanted += [
         ("127.0.0.1", port, f"demo engine {engine.name!r} (NEXUS_DEMO_PORTS)")
         for engine, port in zip(DEMO_ENGINES, ports, strict=True)
     ]
+    wanted.append(("127.0.0.1", agent_port, "the local agent (NEXUS_AGENT_PORT)"))
     taken = [
         f"  {host}:{port} for {what}" for host, port, what in wanted if port_in_use(host, port)
     ]
@@ -133,7 +220,8 @@ def check_ports_free(ports: list[int]) -> None:
         raise CommandError(
             "These ports are already in use (is Nexus already running?):\n"
             + "\n".join(taken)
-            + "\nStop what holds them, or choose others with NEXUS_PORT / NEXUS_DEMO_PORTS."
+            + "\nStop what holds them, or choose others with NEXUS_PORT / NEXUS_DEMO_PORTS / "
+            "NEXUS_AGENT_PORT."
         )
 
 
@@ -172,8 +260,11 @@ def seed_first_run(ports: list[int]) -> FirstRun:
     return FirstRun(admin_password=password, demo_token=token)
 
 
-def start_processes(supervisor: Supervisor, ports: list[int]) -> None:
-    """Start the demo engines, daphne and the Celery worker with beat; wait until each is ready."""
+def start_processes(
+    supervisor: Supervisor, ports: list[int], agent: LocalAgent, say: Callable[[str], None]
+) -> None:
+    """Start the demo engines, the local agent, daphne and the Celery worker with beat; wait
+    until each is ready."""
     python = sys.executable
     probes = []
     for engine, port in zip(DEMO_ENGINES, ports, strict=True):
@@ -184,6 +275,7 @@ def start_processes(supervisor: Supervisor, ports: list[int]) -> None:
         ]  # fmt: skip
         health = f"http://127.0.0.1:{port}/health"
         probes.append((supervisor.start(f"engine-{engine.name}", argv), health, (200,)))
+    local_agent = start_local_agent(supervisor, agent, say)
     web = supervisor.start(
         "web",
         [python, "-m", "daphne", "-b", settings.NEXUS_HOST, "-p", str(settings.NEXUS_PORT),
@@ -203,9 +295,87 @@ def start_processes(supervisor: Supervisor, ports: list[int]) -> None:
     )  # fmt: skip
     for child, url, statuses in probes:
         supervisor.wait_ready(child, lambda url=url, statuses=statuses: http_answers(url, statuses))
+    supervisor.wait_ready(local_agent, agent.answers)
     supervisor.wait_ready(
         worker, lambda: bool(celery_app.control.ping(destination=[node], timeout=0.5))
     )
+
+
+def start_local_agent(
+    supervisor: Supervisor, agent: LocalAgent, say: Callable[[str], None]
+) -> Child:
+    """Start the agent on loopback; it stops after the worker that sends it work, its runtimes
+    first."""
+    argv = [
+        sys.executable, "-m", "nodes.agent", "--host", "127.0.0.1", "--port", str(agent.port),
+        "--data-dir", str(agent.data_dir),
+        # Model folders live there: the agent may serve them.
+        "--allow-dir", str(models_root()),
+    ]  # fmt: skip
+    # Its credential is the one in its data dir, where this run reads it back to add the node.
+    env = {key: value for key, value in child_environment().items() if key != CREDENTIAL_ENV}
+    return supervisor.start(
+        "agent",
+        argv,
+        env=env,
+        stop_wave=FIRST_WAVE + 1,
+        before_stop=lambda: stop_local_runtimes(agent, say),
+    )
+
+
+def ensure_local_node(address: str, credential: str, fingerprint: str) -> Node:
+    """Make node `local` point at the agent at address, and trust it unless it was rejected.
+
+    Trusting without the operator is safe only here: this process started that agent and read
+    `fingerprint` from the key in the agent's own data dir, and the agent must prove, by signing a
+    fresh challenge, that it holds that very key.
+    """
+    node = Node.objects.filter(name=LOCAL_NODE).first()
+    identity = node_services.prove_identity(address, credential, node=node)
+    if identity.fingerprint != fingerprint:
+        raise LaunchError(
+            f"The agent at {address} presents the key {identity.fingerprint}, not the local "
+            f"agent's {fingerprint}; another program may hold NEXUS_AGENT_PORT."
+        )
+    if node is None:
+        node = node_services.add_node(LOCAL_NODE, address, credential)
+    elif node.address != address or node.get_credential() != credential:
+        node = node_services.update_node(
+            node, address=address, credential=credential, identity=identity
+        )
+    # A rejected node stays so: the operator said no, and only they can take it back.
+    if node.trust == NodeTrust.PENDING and node.fingerprint == fingerprint:
+        node = node_services.confirm_node(node, fingerprint)
+    return node
+
+
+def stop_local_runtimes(agent: LocalAgent, say: Callable[[str], None]) -> None:
+    """Stop every process the local agent runs: through the agent (SIGTERM, SIGKILL after a
+    grace, all at once), then SIGKILL whatever its records still show alive.
+
+    The agent keeps its processes when it stops, by design, and they run in sessions of their own;
+    but `make run` promised to stop all it started, even when the agent died first.
+    """
+    credential = agent.credential()
+    if credential is not None:
+        with AgentClient(agent.url, credential) as client:
+            try:
+                running = [item for item in client.processes() if item.get("state") == "running"]
+            except AgentClientError as error:
+                say(f"Cannot list the local agent's runtimes: {error}")
+                running = []
+            if running:
+                say(f"Stopping {len(running)} runtime(s) the local agent runs...")
+
+            def stop(item: dict[str, Any]) -> None:
+                try:
+                    client.stop_process(str(item["id"]), grace_s=RUNTIME_STOP_GRACE_S)
+                except AgentClientError as error:
+                    say(f"Cannot stop {item.get('name') or item['id']}: {error}")
+
+            with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
+                list(pool.map(stop, running))
+    kill_all(agent.data_dir)
 
 
 def local_url() -> str:
@@ -218,7 +388,7 @@ def local_url() -> str:
     return f"http://{host}:{settings.NEXUS_PORT}"
 
 
-def banner(first_run: FirstRun, ports: list[int]) -> str:
+def banner(first_run: FirstRun, ports: list[int], local_node: str) -> str:
     """Return what a user needs to start: URL, login, token and copy-paste examples."""
     url = local_url()
     python = os.path.relpath(sys.executable, settings.BASE_DIR)
@@ -250,6 +420,7 @@ def banner(first_run: FirstRun, ports: list[int]) -> str:
   Sign in       {login}
   Client token  {token}
   Demo pool     {model}: simulated {DEMO_MODEL} engines {engines}
+  Local node    {local_node}
   Health        {url}/healthz
   Logs          {settings.DATA_DIR / "logs"}/
 
