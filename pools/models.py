@@ -172,7 +172,8 @@ class Target(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         # A node target's URL is its node's agent; storing it keeps pages and the API plain.
-        if self.node_id is not None:
+        # A managed pool's target is one replica process on the agent, with a URL of its own.
+        if self.node_id is not None and not self.pool.managed:
             self.base_url = node_base_url(self.node.address)
             if kwargs.get("update_fields") is not None:
                 kwargs["update_fields"] = {*kwargs["update_fields"], "base_url"}

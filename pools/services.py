@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 from django.db import transaction
@@ -11,7 +12,17 @@ from django.utils import timezone
 
 from nexus.models import ConfigVersion
 from pools import live
-from pools.models import Pool, Target, TargetState
+from pools.models import (
+    CompatibilityMode,
+    Pool,
+    Target,
+    TargetHealth,
+    TargetState,
+    all_request_kinds,
+)
+
+if TYPE_CHECKING:
+    from nodes.models import Node
 
 
 def pool_slugs() -> set[str]:
@@ -114,3 +125,133 @@ def resume_target(target: Target, *, timeout_s: float = 3.0) -> Target:
     target.state_changed_at = timezone.now()
     target.save(update_fields=["state", "state_changed_at", "updated_at"])
     return target
+
+
+# -- managed pools: a model service's replicas (serving.pool_sync keeps them in step) ---------
+
+
+class PoolConflict(Exception):
+    """A pool of the service's name exists and no service owns it."""
+
+
+@dataclass(frozen=True)
+class ManagedTarget:
+    """What one replica's target should be; `draining` while the replica leaves traffic."""
+
+    node: Node
+    base_url: str
+    model_id: str
+    capacity: int
+    health: str = TargetHealth.HEALTHY
+    position: int = 0
+    draining: bool = False
+
+
+def ensure_managed_pool(slug: str, name: str) -> Pool:
+    """Return the managed pool of this slug, created if missing; refuse an operator's pool."""
+    pool, _ = Pool.objects.get_or_create(
+        slug=slug,
+        defaults={
+            "name": name,
+            "managed": True,
+            "compatibility_mode": CompatibilityMode.EXACT_REPLICAS,
+            "description": f"The replicas of model service {name}.",
+        },
+    )
+    if not pool.managed:
+        raise PoolConflict(f"the pool {slug} exists and belongs to no service; rename it")
+    return pool
+
+
+@transaction.atomic
+def set_managed_targets(pool: Pool, wanted: Mapping[str, ManagedTarget]) -> dict[str, Target]:
+    """Make the managed pool's targets exactly `wanted` (by target name); return them by name.
+
+    Saved with bulk writes, not `Target.save()`, which would point a node target at the node's
+    /v1: a replica is reached at its own process's URL on the agent. The configuration version
+    is bumped, and pages told, only when something changed.
+    """
+    # Locks the pool's row (where the database can) so that two callers (the reconciler and the
+    # health probes) never both create one target.
+    locked = Pool.objects.select_for_update().filter(pk=pool.pk, managed=True).values("pk")
+    if not locked:
+        return {}  # dropped meanwhile: its service is gone
+    existing = {target.name: target for target in pool.targets.all()}
+    now = timezone.now()
+    gone = [target.pk for name, target in existing.items() if name not in wanted]
+    created, changed = [], []
+    for name, spec in wanted.items():
+        target = existing.get(name)
+        if target is None:
+            target = Target(pool=pool, name=name, kinds=all_request_kinds(), state_changed_at=now)
+            created.append(target)
+        elif not _differs(target, spec):
+            continue
+        else:
+            changed.append(target)
+        target.node = spec.node
+        target.base_url = spec.base_url
+        target.model_id = spec.model_id
+        target.capacity_weight = spec.capacity
+        target.health = spec.health
+        target.position = spec.position
+        if spec.draining and target.state == TargetState.ACTIVE:
+            target.state, target.state_changed_at = TargetState.DRAINING, now
+        elif not spec.draining and target.state != TargetState.ACTIVE:
+            target.state, target.state_changed_at = TargetState.ACTIVE, now
+        target.updated_at = now
+    if gone:
+        Target.objects.filter(pk__in=gone).delete()
+    Target.objects.bulk_create(created)
+    Target.objects.bulk_update(
+        changed, [*_MANAGED_FIELDS, "state", "state_changed_at", "updated_at"]
+    )
+    if gone or created or changed:
+        ConfigVersion.bump()
+        transaction.on_commit(live.pools_changed, robust=True)
+    return {target.name: target for target in pool.targets.all()}
+
+
+_MANAGED_FIELDS = ("node", "base_url", "model_id", "capacity_weight", "health", "position")
+
+
+def _differs(target: Target, spec: ManagedTarget) -> bool:
+    """Say whether a target is not yet what its spec says."""
+    stored = (
+        target.node_id,
+        target.base_url,
+        target.model_id,
+        target.capacity_weight,
+        target.health,
+        target.position,
+        target.state != TargetState.ACTIVE,
+    )
+    wanted = (
+        spec.node.pk,
+        spec.base_url,
+        spec.model_id,
+        spec.capacity,
+        spec.health,
+        spec.position,
+        spec.draining,
+    )
+    return stored != wanted
+
+
+def drain_finished(target_id: int, grace_s: float) -> bool:
+    """Say whether a draining target has nothing in flight, or has drained for `grace_s`.
+
+    A gateway marks it drained once none of its requests is left; without a gateway (or with a
+    stream that never ends) the grace period bounds the wait.
+    """
+    target = Target.objects.filter(pk=target_id).first()
+    if target is None or target.state == TargetState.DRAINED:
+        return True
+    if target.state != TargetState.DRAINING or target.state_changed_at is None:
+        return False
+    return (timezone.now() - target.state_changed_at).total_seconds() >= grace_s
+
+
+def drop_managed_pool(pool_id: int) -> None:
+    """Delete a managed pool with its targets (its service is gone)."""
+    Pool.objects.filter(pk=pool_id, managed=True).delete()

@@ -1,0 +1,524 @@
+"""The serving reconciler: one tick makes each service's replicas what the service wants.
+
+Per tick and service (`serving.tasks.reconcile`, every NEXUS_SERVING_TICK_S), in order:
+
+1. notice processes that exited (FAILED_TO_START while provisioning, UNHEALTHY once healthy);
+2. stop drained routes, and the processes of ended routes;
+3. either keep the latest revision at the desired count (replace ended routes after their
+   backoff, add or retire routes), or roll it out replica by replica, or roll it back;
+4. place and start the routes that have no node yet;
+5. bring the managed pool in step and say how the service stands.
+
+A service being destroyed has every route drained and stopped, then its pool dropped and its
+tokens revoked. Ticks are idempotent; a per-service Redis lock keeps two ticks (two beats, two
+workers) off one service, and a placement lock keeps two services from filling one node at once.
+Routes leave traffic before they stop: their target drains (no new requests) until the gateway
+saw the last in-flight one finish, or DRAIN_GRACE_S passed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from redis.exceptions import LockError, RedisError
+
+from nexus.services import redis_client
+from nodes import services as node_services
+from nodes.client import AgentRefused, AgentUnreachable
+from nodes.models import Node
+from pools import services as pool_services
+from serving import replicas
+from serving.models import Revision, RevisionState, Route, RouteState, Service, ServiceLifecycle
+from serving.pool_sync import drop_service_pool, sync_service_pool
+from serving.scheduler import Candidate, schedule
+from serving.tokens import revoke_service_tokens
+
+logger = logging.getLogger(__name__)
+
+# How long a retired replica's target drains before its process is stopped regardless: the
+# gateway marks it drained sooner once its last in-flight request is done.
+DRAIN_GRACE_S = 30.0
+# A rollout's new replica must be HEALTHY this long after its health check could first have
+# made it so; a revision without a health check gets a flat deadline.
+ROLLOUT_SLACK_S = 30.0
+NO_HEALTH_CHECK_DEADLINE_S = 120.0
+# Longer than any tick (stops wait for their grace); a crashed worker's lock expires by then.
+LOCK_TIMEOUT_S = 300
+PLACEMENT_LOCK_WAIT_S = 30.0
+INSUFFICIENT = "waiting: insufficient resources in "
+
+LIVE = (RouteState.PROVISIONING, RouteState.HEALTHY)
+WATCHED = (RouteState.PROVISIONING, RouteState.HEALTHY, RouteState.TERMINATING)
+UNFINISHED_REVISIONS = (RevisionState.PENDING, RevisionState.ROLLING_OUT, RevisionState.RUNNING)
+
+
+def reconcile_all() -> dict[str, int]:
+    """Run one tick for every active or destroying service; return how many ended how."""
+    summary: Counter[str] = Counter()
+    alive = Service.objects.exclude(lifecycle=ServiceLifecycle.DESTROYED).order_by("pk")
+    for service in alive:
+        try:
+            summary[reconcile(service)] += 1
+        except Exception:
+            # One broken service must not keep the others from being reconciled.
+            logger.exception("reconciling service %s failed", service.name)
+            summary["failed"] += 1
+    return dict(summary)
+
+
+def reconcile(service: Service) -> str:
+    """Run one tick for the service; return "ok", "busy" (another tick holds it) or its end."""
+    lock = redis_client().lock(
+        f"{settings.NEXUS_REDIS_PREFIX}:serving:reconcile:{service.pk}", timeout=LOCK_TIMEOUT_S
+    )
+    try:
+        if not lock.acquire(blocking=False):
+            return "busy"
+    except RedisError as error:
+        logger.warning("not reconciling %s: no lock without Redis: %s", service.name, error)
+        return "busy"
+    try:
+        fresh = Service.objects.select_related(
+            "latest_revision", "running_revision", "pool"
+        ).filter(pk=service.pk)
+        current = fresh.first()
+        return _Tick(current).run() if current is not None else "gone"
+    finally:
+        with suppress(LockError, RedisError):
+            lock.release()
+
+
+def rollout_deadline_s(revision: Revision) -> float:
+    """Return how long a rollout waits for a new route to become HEALTHY before rolling back."""
+    check = revision.spec.get("health_check")
+    if not check:
+        return NO_HEALTH_CHECK_DEADLINE_S
+    delay = float(check.get("initial_delay", 60.0))
+    interval = float(check.get("interval", 10.0))
+    retries = int(check.get("max_retries", 10))
+    return delay + interval * (retries + 1) + ROLLOUT_SLACK_S
+
+
+def failure_reason(route: Route) -> str:
+    """Return why a new route failed, e.g. "route 14 failed to start: exit code 1: <line>"."""
+    what = "failed to start" if route.state == RouteState.FAILED_TO_START else "became unhealthy"
+    error = route.errors[-1] if route.errors else {}
+    if error.get("exit_code") is not None:
+        detail = f"exit code {error['exit_code']}"
+        lines = str(error.get("log_tail") or "").strip().splitlines()
+        if lines:
+            detail += f": {lines[-1].strip()}"
+    else:
+        detail = error.get("message") or route.status_message or "no reason given"
+    return f"route {route.pk} {what}: {detail}"
+
+
+@contextmanager
+def _placement_lock() -> Iterator[bool]:
+    """Hold the fleet-wide placement lock (yield False when it could not be had in time)."""
+    lock = redis_client().lock(
+        f"{settings.NEXUS_REDIS_PREFIX}:serving:placement",
+        timeout=LOCK_TIMEOUT_S,
+        blocking_timeout=PLACEMENT_LOCK_WAIT_S,
+    )
+    try:
+        held = lock.acquire()
+    except RedisError:
+        held = False
+    try:
+        yield held
+    finally:
+        if held:
+            with suppress(LockError, RedisError):
+                lock.release()
+
+
+class _Tick:
+    """One reconciliation of one service; the routes are re-read after every step."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.now = timezone.now()
+        self.pool_problem = ""
+
+    def routes(self) -> list[Route]:
+        """Return the service's routes that have not ended for good, oldest first."""
+        routes = list(
+            self.service.routes.exclude(state=RouteState.TERMINATED)
+            .select_related("node", "revision__model_folder", "revision__resource_group")
+            .order_by("pk")
+        )
+        for route in routes:
+            route.service = self.service
+        return routes
+
+    def run(self) -> str:
+        if self.service.lifecycle == ServiceLifecycle.DESTROYED:
+            return "destroyed"
+        self.observe()
+        if self.service.lifecycle == ServiceLifecycle.DESTROYING:
+            return self.destroy()
+        # Routes that just became HEALTHY get their targets before any old one is drained.
+        self.sync()
+        self.finish_drains()
+        self.stop_ended()
+        if self.service.running_revision is None:
+            self.adopt_running()
+        latest, running = self.service.latest_revision, self.service.running_revision
+        if latest is None:
+            for route in self.routes():
+                self.retire(route)
+        elif running is not None and running.pk != latest.pk:
+            self.roll_out(latest, running)
+        else:
+            self.keep(latest)
+        self.place_and_start()
+        self.sync()
+        self.report()
+        return "ok"
+
+    # -- noticing what happened ----------------------------------------------------------
+
+    def observe(self) -> None:
+        """Read each node's processes once; settle the routes whose process has ended."""
+        by_node: dict[int, list[Route]] = defaultdict(list)
+        for route in self.routes():
+            watched = route.state in WATCHED or route.ended_at is None
+            if route.node is not None and route.process_id and watched:
+                by_node[route.node.pk].append(route)
+        for routes in by_node.values():
+            node = routes[0].node
+            assert node is not None
+            records = replicas.node_processes(node)
+            if records is None:
+                continue  # not answering: nothing learnt; probes take its routes out of traffic
+            for route in routes:
+                record = records.get(route.process_id)
+                running = record is not None and record.get("state") == "running"
+                if route.state in LIVE:
+                    replicas.notice_exit(route, record)
+                elif not running and route.state == RouteState.TERMINATING:
+                    replicas.transition(
+                        route, [route.state], state=RouteState.TERMINATED, ended_at=self.now
+                    )
+                elif not running:
+                    replicas.transition(route, [route.state], ended_at=self.now)
+
+    def finish_drains(self) -> None:
+        """Stop the retired routes whose targets have drained (or never had one)."""
+        for route in self.routes():
+            if route.state != RouteState.TERMINATING:
+                continue
+            if route.target_id is None or pool_services.drain_finished(
+                route.target_id, DRAIN_GRACE_S
+            ):
+                replicas.stop_route(route)
+
+    def stop_ended(self) -> None:
+        """Stop the processes of ended routes (health probes end routes whose process runs)."""
+        for route in self.routes():
+            if route.state not in replicas.ENDED:
+                continue
+            fields: dict[str, Any] = {}
+            if route.not_before is None:
+                backoff = replicas.backoff_s(route.restart_count)
+                fields["not_before"] = self.now + timedelta(seconds=backoff)
+            if route.ended_at is None and replicas.stop_process(route):
+                fields["ended_at"] = self.now
+            if fields:
+                replicas.transition(route, [route.state], **fields)
+
+    # -- deciding which routes there should be -------------------------------------------
+
+    def keep(self, revision: Revision) -> None:
+        """Keep the desired count of routes of this revision; retire every other route.
+
+        Also the first rollout of a service (nothing serves yet): its routes all start at once,
+        and failed ones are replaced with backoff, as there is nothing to roll back to.
+        """
+        if revision.state == RevisionState.PENDING:
+            self.set_revision_state(revision, RevisionState.ROLLING_OUT)
+        routes = self.routes()
+        for route in routes:
+            if route.revision_id != revision.pk and route.state != RouteState.TERMINATING:
+                self.retire(route)
+        mine = [route for route in routes if route.revision_id == revision.pk]
+        live = [route for route in mine if route.state in LIVE]
+        waiting = [route for route in mine if route.state in replicas.ENDED]
+        missing = self.service.desired_replicas - len(live) - len(waiting)
+        if missing < 0:
+            for route in _retire_order(waiting + live)[:-missing]:
+                self.retire(route)
+            return
+        for route in waiting:
+            due = route.not_before is not None and route.not_before <= self.now
+            if due and route.ended_at is not None:
+                self.replace(route)
+        for _ in range(missing):
+            self.add(revision)
+        if self.service.running_revision is None and self.service.desired_replicas == 0:
+            self.finish_rollout(revision)  # nothing to wait for
+
+    def adopt_running(self) -> None:
+        """Make the revision with a ready replica the running one, if none runs yet.
+
+        So the first rollout is done once a replica serves, and a revision made before then
+        rolls out over the serving replicas instead of replacing them all at once.
+        """
+        serving = [route.revision for route in self.routes() if route.state == RouteState.HEALTHY]
+        if not serving:
+            return
+        revision = max(serving, key=lambda revision: revision.number)
+        adopted = Service.objects.filter(pk=self.service.pk, running_revision=None).update(
+            running_revision=revision, updated_at=timezone.now()
+        )
+        if adopted:
+            self.set_revision_state(revision, RevisionState.RUNNING)
+            self.service.refresh_from_db()
+
+    def roll_out(self, latest: Revision, running: Revision) -> None:
+        """Replace the running revision's routes by the latest's, one at a time (surge 1).
+
+        A new route is started only while no other is provisioning or draining; an old one is
+        drained once a new one serves. A new route that fails, or is not HEALTHY in time,
+        rolls the revision back.
+        """
+        routes = self.routes()
+        new = [route for route in routes if route.revision_id == latest.pk]
+        failed = [route for route in new if route.state in replicas.ENDED]
+        if failed:
+            self.roll_back(latest, running, failure_reason(failed[0]))
+            return
+        deadline_s = rollout_deadline_s(latest)
+        for route in new:
+            waited_s = (self.now - route.created_at).total_seconds()
+            if route.state == RouteState.PROVISIONING and waited_s > deadline_s:
+                reason = f"route {route.pk} was not healthy within {deadline_s:g} s"
+                if route.status_message:
+                    reason += f" ({route.status_message})"
+                self.roll_back(latest, running, reason)
+                return
+        if latest.state == RevisionState.PENDING:
+            self.set_revision_state(latest, RevisionState.ROLLING_OUT)
+        for route in routes:
+            if route.revision_id != latest.pk and route.state in replicas.ENDED:
+                self.retire(route)  # not replaced: the latest takes its place
+        old = [r for r in routes if r.revision_id != latest.pk and r.state in LIVE]
+        serving = [r for r in new if r.state == RouteState.HEALTHY and r.target_id is not None]
+        starting = [r for r in new if r.state in LIVE and r not in serving]
+        draining = any(route.state == RouteState.TERMINATING for route in routes)
+        desired = self.service.desired_replicas
+        if not old and len(serving) >= desired:
+            self.finish_rollout(latest)
+        elif serving and len(old) + len(serving) > desired:
+            # Replicas of a revision that never ran go first, then those not serving, then the
+            # newest.
+            order = sorted(
+                old,
+                key=lambda r: (r.revision_id == running.pk, r.state == RouteState.HEALTHY, -r.pk),
+            )
+            self.retire(order[0])
+        elif len(serving) + len(starting) < desired and not starting and not draining:
+            self.add(latest)
+
+    def roll_back(self, latest: Revision, running: Revision, reason: str) -> None:
+        """Give up the latest revision: stop its routes, keep the running ones serving."""
+        for route in self.routes():
+            if route.revision_id == latest.pk and route.state != RouteState.TERMINATING:
+                self.retire(route)
+        Revision.objects.filter(pk=latest.pk, state__in=UNFINISHED_REVISIONS).update(
+            state=RevisionState.ROLLED_BACK, failure_reason=reason
+        )
+        # Conditional: a revision made meanwhile is the next rollout, not to be undone.
+        Service.objects.filter(pk=self.service.pk, latest_revision=latest).update(
+            latest_revision=running, updated_at=timezone.now()
+        )
+        self.service.refresh_from_db()
+        logger.warning("service %s: r%s rolled back: %s", self.service.name, latest.number, reason)
+
+    def finish_rollout(self, revision: Revision) -> None:
+        """Make the revision the running one; every earlier unfinished one is superseded."""
+        switched = Service.objects.filter(pk=self.service.pk, latest_revision=revision).update(
+            running_revision=revision, updated_at=timezone.now()
+        )
+        if not switched:
+            return
+        self.set_revision_state(revision, RevisionState.RUNNING)
+        self.service.revisions.filter(state__in=UNFINISHED_REVISIONS).exclude(
+            pk=revision.pk
+        ).update(state=RevisionState.SUPERSEDED)
+        self.service.refresh_from_db()
+
+    def set_revision_state(self, revision: Revision, state: str) -> None:
+        Revision.objects.filter(pk=revision.pk, state__in=UNFINISHED_REVISIONS).update(state=state)
+        revision.state = state
+
+    # -- changing routes -----------------------------------------------------------------
+
+    def add(self, revision: Revision) -> Route:
+        return Route.objects.create(service=self.service, revision=revision)
+
+    def replace(self, route: Route) -> None:
+        """Start a new route in place of an ended one; it carries the errors and restarts."""
+        with transaction.atomic():
+            new = Route.objects.create(
+                service=self.service,
+                revision=route.revision,
+                restart_count=route.restart_count + 1,
+                errors=route.errors,
+                status_message=f"replaces route {route.pk}",
+            )
+            replaced = replicas.transition(
+                route,
+                [route.state],
+                state=RouteState.TERMINATED,
+                status_message=f"replaced by route {new.pk}",
+            )
+            if not replaced:
+                transaction.set_rollback(True)
+
+    def retire(self, route: Route) -> None:
+        """Take the route out: drain a serving one, stop the others now."""
+        if route.state == RouteState.HEALTHY and route.target_id is not None:
+            replicas.transition(
+                route, [route.state], state=RouteState.TERMINATING, status_message="draining"
+            )
+        elif route.state in LIVE:
+            if replicas.transition(route, [route.state], state=RouteState.TERMINATING):
+                replicas.stop_route(route)
+        elif route.state in replicas.ENDED and (
+            route.ended_at is not None or replicas.stop_process(route)
+        ):
+            replicas.transition(
+                route,
+                [route.state],
+                state=RouteState.TERMINATED,
+                ended_at=route.ended_at or self.now,
+            )
+
+    # -- placing -------------------------------------------------------------------------
+
+    def place_and_start(self) -> None:
+        """Choose nodes for the routes that have none and start them there."""
+        waiting: dict[int, list[Route]] = defaultdict(list)
+        for route in self.routes():
+            if route.state != RouteState.PROVISIONING or route.process_id:
+                continue
+            if route.node is not None:
+                # Placed but never started (its agent did not answer): choose again.
+                replicas.transition(route, [route.state], node=None)
+            waiting[route.revision_id].append(route)
+        if not waiting:
+            return
+        with _placement_lock() as held:
+            if not held:
+                return  # another service is placing; the next tick tries again
+            for routes in waiting.values():
+                self.place(routes)
+
+    def place(self, routes: Sequence[Route]) -> None:
+        """Place routes of one revision on its group's usable nodes, spreading them."""
+        revision = routes[0].revision
+        group = revision.resource_group
+        nodes = node_services.usable_nodes()
+        if not group.all_nodes:
+            nodes = nodes.filter(pk__in=group.nodes.values("pk"))
+        by_name = {node.name: node for node in nodes}
+        candidates = self.candidates(list(by_name.values()))
+        decision = schedule(len(routes), candidates, replicas.resource_need(revision), group.name)
+        for route, placement in zip(routes, decision.placements, strict=False):
+            node = by_name[placement.node]
+            if replicas.transition(route, [RouteState.PROVISIONING], node=node, status_message=""):
+                replicas.start_route(route, placement.gpus)
+        for route in routes[len(decision.placements) :]:
+            replicas.transition(
+                route, [RouteState.PROVISIONING], status_message=f"waiting: {decision.reason}"
+            )
+
+    def candidates(self, nodes: Sequence[Node]) -> list[Candidate]:
+        """Return the nodes as the scheduler sees them, free slots read from their agents now."""
+        on_nodes = Route.objects.exclude(state=RouteState.TERMINATED).filter(node__in=nodes)
+        counts = Counter(on_nodes.filter(service=self.service).values_list("node_id", flat=True))
+        ports: dict[int, set[int]] = defaultdict(set)
+        for node_id, port in on_nodes.exclude(port=None).values_list("node_id", "port"):
+            ports[node_id].add(port)
+        found = []
+        for node in nodes:
+            try:
+                with node.client() as agent:
+                    free = agent.info().get("free") or {}
+            except (AgentUnreachable, AgentRefused) as error:
+                logger.info("not placing on node %s: %s", node.name, error)
+                continue
+            found.append(Candidate(node.name, free, counts[node.pk], frozenset(ports[node.pk])))
+        return found
+
+    # -- the pool, destroying, the status ------------------------------------------------
+
+    def sync(self) -> None:
+        try:
+            sync_service_pool(self.service)
+        except pool_services.PoolConflict as conflict:
+            self.pool_problem = f"cannot serve: {conflict}"
+
+    def destroy(self) -> str:
+        """Drain and stop every route; then drop the pool, revoke the tokens, mark destroyed."""
+        for route in self.routes():
+            if route.state != RouteState.TERMINATING:
+                self.retire(route)
+        self.sync()
+        self.finish_drains()
+        left = self.routes()
+        if left:
+            message = f"destroying: {len(left)} replica{'s' if len(left) != 1 else ''} stopping"
+            Service.objects.filter(pk=self.service.pk).update(status_message=message)
+            return "destroying"
+        drop_service_pool(self.service)
+        # A later service may take the name; it must not inherit this one's callers.
+        revoke_service_tokens(self.service)
+        Service.objects.filter(pk=self.service.pk, lifecycle=ServiceLifecycle.DESTROYING).update(
+            lifecycle=ServiceLifecycle.DESTROYED,
+            destroyed_at=self.now,
+            status_message="destroyed",
+            updated_at=self.now,
+        )
+        logger.info("service %s destroyed", self.service.name)
+        return "destroyed"
+
+    def report(self) -> None:
+        """Say how the service stands: "1 of 2 replicas ready · rolling out r3"."""
+        routes = self.routes()
+        desired = self.service.desired_replicas
+        ready = sum(route.state == RouteState.HEALTHY for route in routes)
+        parts = [f"{ready} of {desired} replica{'s' if desired != 1 else ''} ready"]
+        latest, running = self.service.latest_revision, self.service.running_revision
+        if latest is not None and (running is None or running.pk != latest.pk):
+            parts.append(f"rolling out r{latest.number}")
+        for route in routes:
+            if route.state == RouteState.PROVISIONING and route.status_message.startswith(
+                INSUFFICIENT
+            ):
+                group = route.status_message.removeprefix(INSUFFICIENT).split(":")[0]
+                parts.append(f"{INSUFFICIENT}{group}")
+                break
+        if self.pool_problem:
+            parts.append(self.pool_problem)
+        message = " · ".join(parts)
+        if message != self.service.status_message:
+            Service.objects.filter(pk=self.service.pk).update(status_message=message)
+            self.service.status_message = message
+
+
+def _retire_order(routes: Sequence[Route]) -> list[Route]:
+    """Return routes in the order they go when scaling down: ended, starting, serving; newest
+    first within each."""
+    rank = {RouteState.UNHEALTHY: 0, RouteState.FAILED_TO_START: 0, RouteState.PROVISIONING: 1}
+    return sorted(routes, key=lambda route: (rank.get(route.state, 2), -route.pk))

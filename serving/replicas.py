@@ -1,0 +1,299 @@
+"""Replicas on nodes: start a route's process through its node's agent, stop it, read its state.
+
+A route's process is its revision's `spec` with the mount destination mapped to the model
+folder's real path (docs/services.md, "Replicas through the agent"). Every change of a route's
+state is a conditional UPDATE on the state it was seen in, because the health probes move routes
+too: a route that left that state meanwhile is left as the other writer made it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from nodes.client import AgentRefused, AgentUnreachable
+from nodes.models import Node
+from serving.models import Revision, Route, RouteState
+from serving.scheduler import Need
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MOUNT = "/models"
+# How long a stopped replica may finish its requests after SIGTERM before SIGKILL.
+STOP_GRACE_S = 10.0
+MAX_BACKOFF_S = 60
+# Errors kept on a route (a crash loop carries them from route to route); the oldest go first.
+MAX_ERRORS = 50
+ENDED = (RouteState.UNHEALTHY, RouteState.FAILED_TO_START)
+
+
+def backoff_s(restart_count: int) -> int:
+    """Return how long a failed route waits before its replacement starts: 1, 2, 4 … 60 s."""
+    return min(MAX_BACKOFF_S, 2 ** min(restart_count, 6))
+
+
+def process_name(route: Route) -> str:
+    """Return the name of a route's process on its node, e.g. "chat-r3-17"."""
+    return f"{route.service.name}-r{route.revision.number}-{route.pk}"
+
+
+def transition(route: Route, states: Iterable[str], **fields: Any) -> bool:
+    """Update the route only while it is in one of `states`; say whether it was.
+
+    The instance gets the new values when the update happened.
+    """
+    changed = Route.objects.filter(pk=route.pk, state__in=list(states)).update(
+        **fields, updated_at=timezone.now()
+    )
+    if changed:
+        for name, value in fields.items():
+            setattr(route, name, value)
+    return bool(changed)
+
+
+# -- the process spec ----------------------------------------------------------------------
+
+
+def map_mount(text: str, mount: str, real: str) -> str:
+    """Return `text` with the mount destination replaced by the folder's path, if it is a path
+    under it: exactly the mount, `<mount>/...`, or an option's `--flag=<mount>/...` value."""
+    if text == mount or text.startswith(mount + "/"):
+        return real + text[len(mount) :]
+    key, equals, value = text.partition("=")
+    if equals and (value == mount or value.startswith(mount + "/")):
+        return key + equals + real + value[len(mount) :]
+    return text
+
+
+def _map_values(value: Any, mount: str, real: str) -> Any:
+    """Map every string in an action's arguments (nested lists and objects too)."""
+    if isinstance(value, str):
+        return map_mount(value, mount, real)
+    if isinstance(value, list):
+        return [_map_values(item, mount, real) for item in value]
+    if isinstance(value, dict):
+        return {key: _map_values(item, mount, real) for key, item in value.items()}
+    return value
+
+
+def resource_need(revision: Revision) -> Need:
+    """Return what one replica of the revision reserves on its node."""
+    return Need.from_slots(revision.resource_slots or {}, port=revision.spec.get("port"))
+
+
+def process_spec(route: Route, gpus: Sequence[int] = ()) -> dict[str, Any]:
+    """Return the agent's process spec (POST /agent/v1/processes) for a route."""
+    revision = route.revision
+    spec = revision.spec
+    mount = (revision.mount_destination or DEFAULT_MOUNT).rstrip("/") or "/"
+    real = str(revision.model_folder.path)
+    need = resource_need(revision)
+    health_check = spec.get("health_check") or {}
+    body: dict[str, Any] = {
+        "argv": [map_mount(item, mount, real) for item in spec["argv"]],
+        "env": {
+            key: map_mount(value, mount, real) for key, value in (spec.get("env") or {}).items()
+        },
+        "cwd": real,
+        "name": process_name(route),
+        # A process with a model is part of the node's inventory while it runs.
+        "model": {
+            "id": spec.get("model_name") or route.service.name,
+            "runtime": revision.runtime_variant,
+            "digest": None,
+            "health_path": health_check.get("path"),
+        },
+        "resources": {
+            "cpu_count": need.cpu,
+            "memory_bytes": need.memory_bytes,
+            "gpus": list(gpus),
+        },
+    }
+    # Without a fixed port the agent allocates one for `${PORT}`; a fixed one is exclusive.
+    if spec.get("port") is not None:
+        body["port"] = spec["port"]
+    actions = spec.get("pre_start_actions") or []
+    if actions:
+        body["pre_start_actions"] = [
+            {**action, "args": _map_values(action.get("args") or {}, mount, real)}
+            for action in actions
+        ]
+    return body
+
+
+# -- start, stop, observe ------------------------------------------------------------------
+
+
+def start_route(route: Route, gpus: Sequence[int] = ()) -> bool:
+    """Start a placed PROVISIONING route's process on its node; say whether it runs.
+
+    A refusal fails the route (FAILED_TO_START, with the agent's reason); an agent that does not
+    answer leaves it waiting, to be placed again. A running process of the route's name on the
+    node is adopted rather than started twice, in case an earlier start got through unanswered.
+    """
+    node = route.node
+    assert node is not None
+    name = process_name(route)
+    try:
+        with node.client() as agent:
+            running = [
+                record
+                for record in agent.processes()
+                if record.get("name") == name and record.get("state") == "running"
+            ]
+            record = running[0] if running else agent.start_process(process_spec(route, gpus))
+    except AgentUnreachable as error:
+        transition(
+            route,
+            [RouteState.PROVISIONING],
+            status_message=f"waiting: node {node.name} did not answer: {error.reason}",
+        )
+        return False
+    except AgentRefused as error:
+        fail(route, f"node {node.name} refused to start it: {error.message}")
+        return False
+    started = transition(
+        route,
+        [RouteState.PROVISIONING],
+        process_id=str(record["id"]),
+        port=record.get("port"),
+        started_at=timezone.now(),
+        status_message="",
+    )
+    if not started:
+        # Retired while it was being started: its process must not outlive it.
+        route.process_id = str(record["id"])
+        stop_process(route)
+    return started
+
+
+def fail(
+    route: Route,
+    message: str,
+    *,
+    exit_code: int | None = None,
+    log_tail: str = "",
+) -> bool:
+    """End a route: FAILED_TO_START while provisioning, UNHEALTHY once it was healthy.
+
+    The error is kept on the route and its replacement waits out the backoff.
+    """
+    now = timezone.now()
+    ended = {
+        RouteState.PROVISIONING: RouteState.FAILED_TO_START,
+        RouteState.HEALTHY: RouteState.UNHEALTHY,
+    }.get(route.state)
+    if ended is None:
+        return False
+    error = {
+        "at": now.isoformat(),
+        "message": message,
+        "exit_code": exit_code,
+        "log_tail": log_tail,
+    }
+    return transition(
+        route,
+        [route.state],
+        state=ended,
+        errors=[*route.errors, error][-MAX_ERRORS:],
+        status_message=message,
+        not_before=now + timedelta(seconds=backoff_s(route.restart_count)),
+        # Its process is gone (it exited, or never started).
+        ended_at=now,
+    )
+
+
+def node_processes(node: Node) -> dict[str, dict[str, Any]] | None:
+    """Return the node's processes by id, or None when its agent does not answer."""
+    try:
+        with node.client() as agent:
+            return {str(record["id"]): record for record in agent.processes()}
+    except (AgentUnreachable, AgentRefused) as error:
+        logger.info("cannot read the processes of node %s: %s", node.name, error)
+        return None
+
+
+def notice_exit(route: Route, record: Mapping[str, Any] | None) -> bool:
+    """Fail a PROVISIONING or HEALTHY route whose process has ended; say whether it had.
+
+    `record` is the agent's process record, or None when the agent no longer knows it.
+    """
+    if record is not None and record.get("state") == "running":
+        return False
+    if record is None:
+        assert route.node is not None
+        return fail(route, f"node {route.node.name} no longer knows process {route.process_id}")
+    return fail(
+        route,
+        ended_message(record),
+        exit_code=record.get("exit_code"),
+        log_tail=str(record.get("log_tail") or ""),
+    )
+
+
+def ended_message(record: Mapping[str, Any]) -> str:
+    """Return how a process ended, in words."""
+    exit_code = record.get("exit_code")
+    if record.get("state") == "lost":
+        return f"the process was lost: {record.get('message') or 'it ended unseen'}"
+    if exit_code is None:
+        return f"the process ended ({record.get('message') or 'exit code unknown'})"
+    if exit_code < 0:
+        return f"the process was killed by signal {-exit_code}"
+    return f"the process exited with code {exit_code}"
+
+
+def stop_process(route: Route, grace_s: float = STOP_GRACE_S) -> bool:
+    """Stop the route's process (SIGTERM, SIGKILL after `grace_s`); say whether it is gone.
+
+    A node that cannot be reached and is no longer usable (offline, untrusted) counts as gone:
+    nothing more can be done from here, and its status says why.
+    """
+    node = route.node
+    if node is None or not route.process_id:
+        return True
+    try:
+        with node.client() as agent:
+            agent.stop_process(route.process_id, grace_s=grace_s)
+    except AgentRefused as error:
+        if error.status == 404:
+            return True
+        route.status_message = f"cannot stop its process on node {node.name}: {error.message}"
+    except AgentUnreachable as error:
+        node.refresh_from_db(fields=["trust", "status"])
+        if not node.is_usable:
+            route.status_message = f"{node.unusable_reason()}; its process was not stopped"
+            return True
+        route.status_message = f"cannot stop its process: node {node.name}: {error.reason}"
+    else:
+        return True
+    Route.objects.filter(pk=route.pk).update(status_message=route.status_message)
+    return False
+
+
+def stop_route(route: Route, grace_s: float = STOP_GRACE_S) -> bool:
+    """Stop a TERMINATING route's process and mark it TERMINATED; say whether it is."""
+    if not stop_process(route, grace_s):
+        return False
+    return transition(
+        route,
+        [RouteState.TERMINATING],
+        state=RouteState.TERMINATED,
+        ended_at=route.ended_at or timezone.now(),
+        status_message=route.status_message,
+    )
+
+
+def clear_errors_and_retry(route: Route) -> Route:
+    """Forget the route's errors and restarts; a failed route is replaced at the next tick."""
+    fields: dict[str, Any] = {"errors": [], "restart_count": 0}
+    if route.state in ENDED:
+        fields["not_before"] = timezone.now()
+    Route.objects.filter(pk=route.pk).update(**fields, updated_at=timezone.now())
+    for name, value in fields.items():
+        setattr(route, name, value)
+    return route

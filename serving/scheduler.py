@@ -1,0 +1,175 @@
+"""Choose nodes for replicas: pure, given what each candidate node has free.
+
+The reconciler gathers the facts (the group's usable nodes, what their agents report free, how
+many routes of the service each runs, the ports taken) and applies the decision. Replicas placed
+in one call count against the nodes they were put on, so a tick never over-fills a node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from serving.definitions.service_definition import parse_memory
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one replica reserves: CPUs, memory bytes, whole GPUs, and a fixed port if any."""
+
+    cpu: float = 0.0
+    memory_bytes: int = 0
+    gpus: int = 0
+    port: int | None = None
+
+    @classmethod
+    def from_slots(cls, slots: Mapping[str, Any], port: int | None = None) -> Need:
+        """Return the need of a revision's resource slots {"cpu", "mem", "cuda.shares"}.
+
+        `mem` may be bytes or a size like "8gb"; a fraction of a GPU reserves a whole one,
+        because the agent hands out GPUs by index.
+        """
+        mem = slots.get("mem") or 0
+        return cls(
+            cpu=float(slots.get("cpu") or 0),
+            memory_bytes=parse_memory(mem) if isinstance(mem, str) else int(mem),
+            gpus=math.ceil(float(slots.get("cuda.shares") or 0)),
+            port=port,
+        )
+
+    def describe(self) -> str:
+        """Return the need in words, e.g. "2 CPU, 4.0 GiB, 1 GPU"."""
+        parts = [f"{self.cpu:g} CPU", _gib(self.memory_bytes)]
+        if self.gpus:
+            parts.append(_gpus(self.gpus))
+        if self.port is not None:
+            parts.append(f"port {self.port}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Candidate:
+    """A usable node of the group, as its agent reported it: `free` is the agent's `free`."""
+
+    name: str
+    free: Mapping[str, Any]
+    routes: int = 0  # routes of this service on the node already
+    ports_in_use: frozenset[int] = frozenset()
+
+    @property
+    def cpu(self) -> float:
+        return float(self.free.get("cpu_count") or 0)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.free.get("memory_bytes") or 0)
+
+    @property
+    def gpu_indexes(self) -> list[int]:
+        """Return the free GPUs' indexes (the agent lists GPU objects; bare indexes work too)."""
+        indexes = []
+        for gpu in self.free.get("gpus") or []:
+            index = gpu.get("index") if isinstance(gpu, Mapping) else gpu
+            if isinstance(index, int) and not isinstance(index, bool):
+                indexes.append(index)
+        return sorted(indexes)
+
+    def shortfalls(self, need: Need) -> int:
+        """Return how many of the need's dimensions this node cannot meet."""
+        return sum(
+            (
+                self.cpu < need.cpu,
+                self.memory_bytes < need.memory_bytes,
+                len(self.gpu_indexes) < need.gpus,
+                need.port is not None and need.port in self.ports_in_use,
+            )
+        )
+
+    def describe_free(self, need: Need) -> str:
+        """Return what the node has free, in the terms the need is stated in."""
+        parts = [f"{self.cpu:g} CPU", _gib(self.memory_bytes)]
+        if need.gpus:
+            parts.append(_gpus(len(self.gpu_indexes)))
+        text = ", ".join(parts) + " free"
+        if need.port is not None and need.port in self.ports_in_use:
+            text += f", port {need.port} taken"
+        return text
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One replica's node, and the GPUs it reserves there."""
+
+    node: str
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Where the replicas go, in order; `reason` says why the rest could not be placed."""
+
+    placements: tuple[Placement, ...] = ()
+    reason: str = ""
+
+
+def schedule(replicas: int, candidates: Sequence[Candidate], need: Need, group: str) -> Schedule:
+    """Place `replicas` replicas, each on the node that fits and spreads them best.
+
+    Spread: fewest routes of this service first, then most free memory, then the name, so equal
+    nodes are chosen in a stable order. Placed replicas reduce their node's free slots.
+    """
+    nodes = [
+        Candidate(c.name, dict(c.free), c.routes, frozenset(c.ports_in_use)) for c in candidates
+    ]
+    placements: list[Placement] = []
+    for _ in range(replicas):
+        fitting = [node for node in nodes if node.shortfalls(need) == 0]
+        if not fitting:
+            break
+        chosen = min(fitting, key=lambda node: (node.routes, -node.memory_bytes, node.name))
+        gpus = tuple(chosen.gpu_indexes[: need.gpus])
+        _reserve(chosen, need, gpus)
+        placements.append(Placement(chosen.name, gpus))
+    placed_all = len(placements) == replicas
+    return Schedule(
+        placements=tuple(placements), reason="" if placed_all else insufficient(group, need, nodes)
+    )
+
+
+def insufficient(group: str, need: Need, nodes: Sequence[Candidate]) -> str:
+    """Return why no node fits, naming the node that came closest and what it has free."""
+    head = f"insufficient resources in {group}: needs {need.describe()}"
+    if not nodes:
+        return f"{head}; no usable node in the group"
+    best = min(
+        nodes, key=lambda node: (node.shortfalls(need), -node.memory_bytes, -node.cpu, node.name)
+    )
+    return f"{head}; best node {best.name} has {best.describe_free(need)}"
+
+
+def _reserve(node: Candidate, need: Need, gpus: tuple[int, ...]) -> None:
+    """Take one replica's share out of the node's free slots."""
+    free = dict(node.free)
+    free["cpu_count"] = node.cpu - need.cpu
+    free["memory_bytes"] = node.memory_bytes - need.memory_bytes
+    free["gpus"] = [
+        gpu
+        for gpu in free.get("gpus") or []
+        if (gpu.get("index") if isinstance(gpu, Mapping) else gpu) not in gpus
+    ]
+    node.free = free
+    node.routes += 1
+    if need.port is not None:
+        node.ports_in_use = node.ports_in_use | {need.port}
+
+
+def _gib(memory_bytes: int) -> str:
+    return f"{memory_bytes / GIB:.1f} GiB"
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"

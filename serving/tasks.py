@@ -1,0 +1,19 @@
+"""Model serving's periodic work for the Celery worker (the beat table is in settings)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from serving import probes, reconciler
+
+
+@shared_task(ignore_result=True)
+def reconcile() -> dict[str, int]:
+    """Run one reconciler tick over every live service; return how many ended how."""
+    return reconciler.reconcile_all()
+
+
+@shared_task(ignore_result=True)
+def probe_routes() -> dict[str, int]:
+    """Run one health-check tick: probe the routes that are due; return how many changed."""
+    return probes.probe_due_routes()
