@@ -35,6 +35,11 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Invalid token.")
         if token.is_expired:
             raise exceptions.AuthenticationFailed("Token expired.")
+        if token.services:
+            raise exceptions.AuthenticationFailed(
+                "A service token calls its service (/serve/<name>/ or @pool/<name>), "
+                "not the admin API."
+            )
         return (token.created_by or AnonymousUser(), token)
 
     def authenticate_header(self, request: Request) -> str:

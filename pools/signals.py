@@ -1,14 +1,17 @@
-"""Announce pool and target changes to every gateway's snapshot and every open pools page."""
+"""Announce pool, target and token changes to every gateway's snapshot and every open pools page."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from nexus.models import ConfigVersion
+from nexus.models import ApiToken, ConfigVersion
 from nodes.models import Node
 from pools import live
+from pools.gateway import revocations
 from pools.models import Pool, Target, node_base_url
 
 
@@ -32,5 +35,17 @@ def push_pools_to_pages(sender: type, **kwargs: object) -> None:
 @receiver(post_save, sender=Node)
 def follow_node_address(sender: type, instance: Node, **kwargs: object) -> None:
     # The snapshot derives a node target's URL from the node; the stored one is for display.
+    # A managed pool's target is one replica process on the agent, with a URL of its own.
     base_url = node_base_url(instance.address)
-    Target.objects.filter(node=instance).exclude(base_url=base_url).update(base_url=base_url)
+    Target.objects.filter(node=instance, pool__managed=False).exclude(base_url=base_url).update(
+        base_url=base_url
+    )
+
+
+@receiver(post_save, sender=ApiToken)
+def announce_revocation(sender: type, instance: ApiToken, **kwargs: object) -> None:
+    # Every way of revoking (API, admin, command, service tokens) goes through ApiToken.revoke(),
+    # which saves revoked_at alone; the gateways drop the token before the revoking call returns.
+    update_fields = kwargs.get("update_fields") or ()
+    if instance.revoked_at is not None and "revoked_at" in update_fields:
+        transaction.on_commit(partial(revocations.announce, instance.token_hash))

@@ -1,8 +1,9 @@
-"""The gateway's ASGI app for /v1: authenticate, parse, and hand the request to the balancer.
+"""The gateway's ASGI app for /v1 and /serve: authenticate, read, and hand over to the balancer.
 
 This is the hot path. It reads only the in-memory snapshot (no database query per request),
-parses the JSON body once, and relays upstream bytes chunk by chunk without buffering
-(pools.gateway.flight does the routing, retries and relaying).
+parses a /v1 JSON body once, and relays upstream bytes chunk by chunk without buffering
+(pools.gateway.flight does the routing, retries and relaying). /serve/<service>/<path> sends any
+HTTP request on to one of the service's replicas as it came.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import unquote
 
 from django.conf import settings
 
 from pools.gateway import errors
 from pools.gateway.errors import GatewayError
-from pools.gateway.flight import Flight, Router
+from pools.gateway.flight import NOT_FORWARDED, Flight, Forward, Router, forwarded_headers
 from pools.gateway.registry import Registry
-from pools.gateway.snapshot import PoolEntry, Snapshot, TokenEntry
+from pools.gateway.snapshot import SERVE_KIND, PoolEntry, Snapshot, TokenEntry
 from pools.gateway.state import GatewayState
 from pools.models import POOL_MODEL_PREFIX
 
@@ -37,6 +39,9 @@ ROUTES: dict[str, str] = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+SERVE_PREFIX = "/serve/"
+# Authorization schemes a service token may come with (lowercase), as Backend.AI's clients send it.
+SERVICE_SCHEMES = frozenset({b"bearer", b"backendai"})
 JSON_HEADERS = [(b"content-type", b"application/json")]
 # Request headers the balancer reads (continuity keys, the client's queue deadline).
 ROUTING_HEADERS = frozenset(
@@ -58,7 +63,7 @@ class ClientGone(Exception):
 
 
 class Gateway:
-    """The raw ASGI application serving /v1/*."""
+    """The raw ASGI application serving /v1/* and /serve/*."""
 
     def __init__(self, registry: Registry | None = None, state: GatewayState | None = None):
         self.registry = registry or Registry()
@@ -106,6 +111,9 @@ class Gateway:
             return
         kind = ROUTES.get(path)
         if kind is None:
+            if path.startswith(SERVE_PREFIX):
+                await self._serve(scope, receive, send, request_id)
+                return
             raise errors.unknown_route(method, path)
         if method != "POST":
             raise errors.method_not_allowed(method, path)
@@ -116,14 +124,35 @@ class Gateway:
         flight = self._flight(scope, request_id, token, pool, kind, payload)
         await self._with_disconnect_watch(receive, self.router().fly(send, flight))
 
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+        """Send /serve/<service>/<path> on to one of the service's replicas, as it came."""
+        name, path = _serve_path(scope)
+        snapshot = await self.registry.ready()
+        pool = snapshot.services.get(name)
+        if pool is None or pool.service is None:
+            raise errors.service_not_found(name)
+        # A public service takes anyone: a token sent anyway is not even looked at.
+        token = None if pool.service.open_to_public else self._service_token(scope, snapshot, name)
+        forward = Forward(
+            method=scope["method"],
+            path=path,
+            query=scope.get("query_string", b"").decode("latin-1"),
+            headers=forwarded_headers(scope["headers"], NOT_FORWARDED),
+            body=await self._read_body(scope, receive),
+            client_path=scope["path"],
+        )
+        flight = self._flight(scope, request_id, token, pool, SERVE_KIND, {}, forward)
+        await self._with_disconnect_watch(receive, self.router().fly(send, flight))
+
     def _flight(
         self,
         scope: Scope,
         request_id: str,
-        token: TokenEntry,
+        token: TokenEntry | None,
         pool: PoolEntry,
         kind: str,
         payload: dict[str, Any],
+        forward: Forward | None = None,
     ) -> Flight:
         headers = {
             name.decode("latin-1"): value.decode("latin-1")
@@ -147,6 +176,7 @@ class Gateway:
             session_key=session_key,
             prefix_key=prefix_key,
             facts=facts,
+            forward=forward,
             started=now,
         )
 
@@ -175,20 +205,29 @@ class Gateway:
             watcher.cancel()
 
     def _authenticate(self, scope: Scope, snapshot: Snapshot) -> TokenEntry:
-        header = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                header = value
-                break
-        scheme, _, secret = header.partition(b" ")
-        secret = secret.strip()
-        if scheme.lower() != b"bearer" or not secret:
+        scheme, secret = _credentials(scope)
+        if scheme != b"bearer" or not secret:
             raise errors.missing_token()
-        token = snapshot.tokens.get(hashlib.sha256(secret).hexdigest())
+        return self._usable_token(secret, snapshot)
+
+    def _service_token(self, scope: Scope, snapshot: Snapshot, service: str) -> TokenEntry:
+        """Return the caller's token if it may call the service (Bearer or BackendAI scheme)."""
+        scheme, secret = _credentials(scope)
+        if scheme not in SERVICE_SCHEMES or not secret:
+            raise errors.missing_service_token(service)
+        token = self._usable_token(secret, snapshot)
+        if service not in token.services:
+            raise errors.service_forbidden(service)
+        return token
+
+    def _usable_token(self, secret: bytes, snapshot: Snapshot) -> TokenEntry:
+        """Return the token with this secret, unless it is unknown, revoked or expired."""
+        digest = hashlib.sha256(secret).hexdigest()
+        token = snapshot.tokens.get(digest)
         if token is None:
-            raise errors.invalid_token()
+            raise errors.revoked_token() if digest in snapshot.revoked else errors.invalid_token()
         if token.expires_at is not None and token.expires_at <= time.time():
-            raise errors.expired_token()
+            raise errors.expired_token(token.expires_at)
         self.registry.note_token_used(token.id)
         return token
 
@@ -231,10 +270,11 @@ class Gateway:
         pool = None
         if model.startswith(POOL_MODEL_PREFIX):
             pool = snapshot.pools.get(model[len(POOL_MODEL_PREFIX) :])
-        if pool is None:
+        # A managed pool without a live service (being destroyed) is gone for its callers.
+        if pool is None or (pool.managed and pool.service is None):
             raise errors.model_not_found(model)
-        if not token.may_use(pool.slug):
-            raise errors.pool_forbidden(model)
+        if not token.may_use(pool):
+            raise errors.pool_forbidden(model, managed=pool.managed)
         return pool
 
     def _model_list(self, snapshot: Snapshot, token: TokenEntry) -> dict[str, Any]:
@@ -248,7 +288,7 @@ class Gateway:
                     "owned_by": "nexus",
                 }
                 for slug, pool in sorted(snapshot.pools.items())
-                if token.may_use(slug)
+                if token.may_use(pool)
             ],
         }
 
@@ -259,6 +299,31 @@ class Gateway:
     @staticmethod
     async def _respond_error(send: Send, error: GatewayError, request_id: str) -> None:
         await _send_bytes(send, error.status, error.body(), request_id, error.headers)
+
+
+def _credentials(scope: Scope) -> tuple[bytes, bytes]:
+    """Return the Authorization header's scheme (lowercased) and credentials, empty if none."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, secret = value.partition(b" ")
+            return scheme.lower(), secret.strip()
+    return b"", b""
+
+
+def _serve_path(scope: Scope) -> tuple[str, str]:
+    """Return the service name and the raw path below it of a /serve/<name>/<path> request.
+
+    The path keeps the client's escapes (%2F stays one segment); "." and ".." segments are
+    refused, also escaped ones: resolved, they would climb out of the replica's URL to the
+    node agent's other routes, which the node credential opens.
+    """
+    name, _, _ = scope["path"][len(SERVE_PREFIX) :].partition("/")
+    raw: bytes = scope.get("raw_path") or scope["path"].encode()
+    _, slash, rest = raw[len(SERVE_PREFIX) :].partition(b"/")
+    path = "/" + rest.decode("latin-1") if slash else "/"
+    if any(part in (".", "..") for part in unquote(path).replace("\\", "/").split("/")):
+        raise errors.invalid_path(scope["path"])
+    return name, path
 
 
 def _seconds(raw: str) -> float:

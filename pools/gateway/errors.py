@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 
 class GatewayError(Exception):
@@ -45,6 +46,16 @@ def missing_token() -> GatewayError:
     )
 
 
+def missing_service_token(service: str) -> GatewayError:
+    return GatewayError(
+        401,
+        f"Service '{service}' is not open to the public: send"
+        " 'Authorization: BackendAI <token>' or 'Authorization: Bearer <token>'.",
+        code="invalid_api_key",
+        headers=((b"www-authenticate", b"Bearer"),),
+    )
+
+
 def invalid_token() -> GatewayError:
     return GatewayError(
         401,
@@ -54,22 +65,54 @@ def invalid_token() -> GatewayError:
     )
 
 
-def expired_token() -> GatewayError:
+def revoked_token() -> GatewayError:
     return GatewayError(
         401,
-        "This client token has expired.",
+        "This token was revoked.",
+        code="invalid_api_key",
+        headers=((b"www-authenticate", b"Bearer"),),
+    )
+
+
+def expired_token(expires_at: float) -> GatewayError:
+    moment = datetime.fromtimestamp(expires_at, UTC).isoformat(timespec="seconds")
+    return GatewayError(
+        401,
+        f"This token expired at {moment.replace('+00:00', 'Z')}.",
         code="token_expired",
         headers=((b"www-authenticate", b"Bearer"),),
     )
 
 
-def pool_forbidden(model: str) -> GatewayError:
+def pool_forbidden(model: str, *, managed: bool = False) -> GatewayError:
+    why = ": a model service's pool, which only that service's tokens reach" if managed else ""
     return GatewayError(
         403,
-        f"This client token may not use '{model}'.",
+        f"This client token may not use '{model}'{why}.",
         code="pool_not_allowed",
         error_type="permission_error",
         param="model",
+    )
+
+
+def service_forbidden(service: str) -> GatewayError:
+    return GatewayError(
+        403,
+        f"This token may not call service '{service}'.",
+        code="service_not_allowed",
+        error_type="permission_error",
+    )
+
+
+def service_not_found(service: str) -> GatewayError:
+    return GatewayError(404, f"Service '{service}' does not exist.", code="service_not_found")
+
+
+def invalid_path(path: str) -> GatewayError:
+    return GatewayError(
+        400,
+        f"The path {path!r} has a '.' or '..' segment, which /serve refuses.",
+        code="invalid_path",
     )
 
 
@@ -113,21 +156,33 @@ def no_target(slug: str, kind: str, skipped: list[str]) -> GatewayError:
     )
 
 
-def queue_full(slug: str, reason: str, retry_after_s: int) -> GatewayError:
+def no_replica(service: str, ready: int, desired: int, skipped: list[str]) -> GatewayError:
+    """Say that none of a service's replicas can take the request, and how many are ready."""
+    counts = f"({ready} of {desired} ready)"
+    if ready:
+        message = f"Service '{service}' has no replica that can take this request now {counts}"
+    else:
+        message = f"Service '{service}' has no ready replica {counts}"
+    reasons = f": {'; '.join(skipped)}" if skipped else ""
+    return GatewayError(
+        503, f"{message}{reasons}.", code="no_target_available", error_type="server_error"
+    )
+
+
+def queue_full(label: str, reason: str, retry_after_s: int) -> GatewayError:
     return GatewayError(
         429,
-        f"Pool '{slug}' is busy and cannot queue this request ({reason}); retry after"
-        f" {retry_after_s} s.",
+        f"{label} is busy and cannot queue this request ({reason}); retry after {retry_after_s} s.",
         code="queue_full",
         error_type="rate_limit_error",
         headers=((b"retry-after", str(retry_after_s).encode()),),
     )
 
 
-def queue_timeout(slug: str, waited_s: float) -> GatewayError:
+def queue_timeout(label: str, waited_s: float) -> GatewayError:
     return GatewayError(
         503,
-        f"Pool '{slug}' had no free target within {waited_s:.1f} s of queueing.",
+        f"{label} had no free target within {waited_s:.1f} s of queueing.",
         code="queue_timeout",
         error_type="server_error",
     )

@@ -1,8 +1,11 @@
 """One request's way through the balancer: decide, queue, claim a slot, forward, retry, record.
 
+A flight is an OpenAI request (/v1: a JSON body whose `model` becomes the target's) or a
+forwarded one (/serve: any method, path, query, headers and body, sent on as they came).
 Every failure is classified by the phase it happened in (pools.balancer.retry): only a connect
 failure or a refusal (429/502/503/504) before any byte reached the client moves to another
-target, within the pool's attempts and the retry budget. Every acquired slot is released exactly
+target, within the pool's attempts and the retry budget; a forwarded request whose method is not
+idempotent moves only when it never reached a target. Every acquired slot is released exactly
 once, whatever ends the attempt (success, failure, client gone, cancellation).
 """
 
@@ -21,7 +24,7 @@ import httpx
 from nexus import upstream
 from pools.balancer.queue import QueueFull, QueueTimeout
 from pools.balancer.retry import FailurePhase, classify, is_target_fault, may_retry
-from pools.balancer.snapshot import Decision, RequestFacts, SkipReason
+from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, SkipReason
 from pools.balancer.strategies import decide
 from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
@@ -34,16 +37,64 @@ from pools.models import RoutingOutcome
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 
-# Upstream response headers worth relaying; hop-by-hop ones (transfer-encoding...) are not.
+# Upstream response headers worth relaying to an OpenAI client; hop-by-hop ones are not.
 RELAYED_HEADERS = frozenset(
     {b"content-type", b"content-length", b"content-encoding", b"cache-control", b"retry-after"}
 )
+# Headers that concern one connection, never forwarded either way (RFC 9110 7.6.1), with those
+# a Connection header names.
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+     b"trailer", b"trailers", b"transfer-encoding", b"upgrade"}
+)  # fmt: skip
+# A forwarded request also loses the client's credential (the target's replaces it), what the
+# upstream request sets itself, and Expect (the body was already read in full).
+NOT_FORWARDED = HOP_BY_HOP | {b"authorization", b"host", b"content-length", b"expect"}
+# A forwarded answer loses Date and Server, which the ASGI server writes itself.
+NOT_RELAYED = HOP_BY_HOP | {b"date", b"server"}
+# Methods a forwarded request may be sent again with after it reached a target (RFC 9110 9.2.2).
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+# Transport failures before any byte of the request left: the connect was refused or timed out.
+NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 # A non-streaming answer up to this size is sent to the client in one piece.
 WHOLE_BODY_MAX_BYTES = 1024 * 1024
 REFUSED_STATUSES = frozenset({429, 502, 503, 504})
 # Ledger races (another process took the last slot between the decision and the acquire) are
 # retried this many times before the request waits in the queue.
 CLAIM_RACES = 3
+# Callers of a public service without a token share one turn in the pool's fair queue (token ids
+# start at 1).
+ANONYMOUS_QUEUE_ID = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A /serve request, sent on to a replica as it came."""
+
+    method: str
+    path: str  # raw (still percent-encoded), below the replica's root URL, starting with "/"
+    query: str  # the raw query string, "" when none
+    headers: list[tuple[bytes, bytes]]  # the client's, less those in NOT_FORWARDED
+    body: bytes
+    client_path: str  # /serve/<service>/..., for the history (never the query: it may hold secrets)
+
+    @property
+    def idempotent(self) -> bool:
+        return self.method in IDEMPOTENT_METHODS
+
+
+def forwarded_headers(
+    headers: list[tuple[bytes, bytes]], dropped: frozenset[bytes]
+) -> list[tuple[bytes, bytes]]:
+    """Return the headers that travel on (lowercased): not `dropped`, nor named by Connection."""
+    lowered = [(name.lower(), value) for name, value in headers]
+    named = {
+        part.strip().lower()
+        for name, value in lowered
+        if name == b"connection"
+        for part in value.split(b",")
+    }
+    return [(name, value) for name, value in lowered if name not in dropped and name not in named]
 
 
 @dataclass(slots=True)
@@ -51,7 +102,7 @@ class Flight:
     """A request on its way: what it asked, where it went, and how it ended (for the history)."""
 
     request_id: str
-    token: TokenEntry
+    token: TokenEntry | None  # None: a public service's caller sent none (or it was ignored)
     pool: PoolEntry
     kind: str
     payload: dict[str, Any]
@@ -60,6 +111,7 @@ class Flight:
     session_key: str | None
     prefix_key: str | None
     facts: RequestFacts
+    forward: Forward | None = None  # a /serve request; None for an OpenAI one built from payload
     arrived: float = field(default_factory=time.time)
     started: float = field(default_factory=time.monotonic)
     decision: Decision | None = None
@@ -79,14 +131,17 @@ class Flight:
             "sticky_target_id": self.facts.sticky_target_id,
             "prefix_target_id": self.facts.prefix_target_id,
         }
+        if self.forward is not None:
+            decision["request"]["method"] = self.forward.method
+            decision["request"]["path"] = self.forward.client_path
         return {
             "request_id": self.request_id,
             "pool_id": self.pool.id,
             "kind": self.kind,
             "outcome": self.outcome,
             "created_at": self.arrived,
-            "token_id": self.token.id,
-            "token_name": self.token.name,
+            "token_id": self.token.id if self.token else None,
+            "token_name": self.token.name if self.token else "",
             "target_id": self.target.id if self.target else None,
             "target_name": self.target.name if self.target else "",
             "status_code": self.status,
@@ -215,7 +270,7 @@ class Router:
                     f"{skip.name} ({pool.target(skip.target_id).unavailable or skip.reason})"
                     for skip in decision.skipped
                 ]
-                raise errors.no_target(pool.slug, flight.kind, skipped)
+                raise _no_target(pool, flight.kind, skipped)
             await self._wait(flight, now, again=woken)
             races = 0
             woken = True
@@ -228,15 +283,16 @@ class Router:
         pool = flight.pool
         remaining = flight.deadline - now
         if remaining <= 0:
-            raise errors.queue_timeout(pool.slug, flight.queue_wait_s)
+            raise errors.queue_timeout(pool.label, flight.queue_wait_s)
         capacity = sum(t.capacity for t in pool.targets if t.enabled and flight.kind in t.kinds)
         queue = self.state.queue(pool, flight.kind)
+        queue_id = flight.token.id if flight.token is not None else ANONYMOUS_QUEUE_ID
         try:
-            await queue.wait(flight.token.id, remaining, capacity=max(1, capacity), again=again)
+            await queue.wait(queue_id, remaining, capacity=max(1, capacity), again=again)
         except QueueFull as full:
-            raise errors.queue_full(pool.slug, full.reason, full.retry_after_s) from None
+            raise errors.queue_full(pool.label, full.reason, full.retry_after_s) from None
         except QueueTimeout:
-            raise errors.queue_timeout(pool.slug, remaining) from None
+            raise errors.queue_timeout(pool.label, remaining) from None
         finally:
             flight.queue_wait_s += time.monotonic() - now
 
@@ -245,20 +301,14 @@ class Router:
     ) -> GatewayError | None:
         """Try one target; return what failed when the flight should move to another."""
         state = self.state
-        flight.payload["model"] = target.model_id
-        headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
-        # The client's own Authorization never travels on; the target's credential does.
-        if target.authorization is not None:
-            headers.append((b"authorization", target.authorization.encode()))
-        request = httpx.Request(
-            "POST", target.urls[flight.kind], headers=headers, content=json.dumps(flight.payload)
-        )
+        request = _upstream_request(flight, target)
         sent_at = time.monotonic()
         try:
             response = await upstream.get().send(request)
         except httpx.HTTPError as exc:
             phase = _transport_phase(exc)
-            retried, reason = self._may_retry(flight, attempt, phase, None)
+            delivered = not isinstance(exc.__cause__, NOT_DELIVERED)
+            retried, reason = self._may_retry(flight, attempt, phase, None, delivered=delivered)
             self._record_attempt(flight, target, phase, None, retried, reason)
             failure = _upstream_failure(exc, target)
             if retried:
@@ -272,7 +322,7 @@ class Router:
             reason = ""
             if status in REFUSED_STATUSES:
                 phase = FailurePhase.REFUSED_STATUS
-                retried, reason = self._may_retry(flight, attempt, phase, status)
+                retried, reason = self._may_retry(flight, attempt, phase, status, delivered=True)
                 if retried:
                     self._record_attempt(flight, target, phase, status, retried, reason)
                     return errors.target_refused(target.name, status)
@@ -285,11 +335,24 @@ class Router:
         return None
 
     def _may_retry(
-        self, flight: Flight, attempt: int, phase: FailurePhase, status: int | None
+        self,
+        flight: Flight,
+        attempt: int,
+        phase: FailurePhase,
+        status: int | None,
+        *,
+        delivered: bool,
     ) -> tuple[bool, str]:
-        """Say whether a failure before output moves the flight on, and why (for history)."""
+        """Say whether a failure before output moves the flight on, and why (for history).
+
+        delivered: the request may have reached the target (anything but a failed connect).
+        """
         state = self.state
         pool = flight.pool
+        forward = flight.forward
+        if forward is not None and delivered and not forward.idempotent:
+            # An arbitrary service may have acted on it: sending it again could act twice.
+            return False, f"not retried: {forward.method} is not idempotent and may have arrived"
         retried, reason = may_retry(
             phase, attempt, pool.max_attempts, state.budget, state.active[pool.id], status=status
         )
@@ -327,14 +390,21 @@ class Router:
         refusal: why a 429/502/503/504 was not retried, when that is what is relayed.
         """
         status = response.status_code
-        headers = [
-            (name, value) for name, value in response.headers.raw if name.lower() in RELAYED_HEADERS
-        ]
+        if flight.forward is None:
+            headers = [
+                (name, value)
+                for name, value in response.headers.raw
+                if name.lower() in RELAYED_HEADERS
+            ]
+        else:
+            headers = forwarded_headers(response.headers.raw, NOT_RELAYED)
         headers.append((b"x-nexus-request-id", flight.request_id.encode()))
         headers.append((b"x-nexus-target", target.name.encode()))
         headers.append((b"x-nexus-attempts", str(attempt).encode()))
         start = {"type": "http.response.start", "status": status, "headers": headers}
         is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        if flight.forward is not None:
+            flight.stream = is_sse  # known only from the answer
         length = response.headers.get("content-length", "")
         chunks = 0
         broken: httpx.HTTPError | None = None
@@ -418,6 +488,39 @@ class Router:
             state.sessions.put(flight.session_key, target.id, now)
         if flight.prefix_key is not None:
             state.prefixes.put(flight.prefix_key, target.id, now)
+
+
+def _upstream_request(flight: Flight, target: TargetEntry) -> httpx.Request:
+    """Build the request to the target: the OpenAI body with the target's model, or as it came.
+
+    The client's own Authorization never travels on; the target's credential does.
+    """
+    forward = flight.forward
+    if forward is None:
+        flight.payload["model"] = target.model_id
+        headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
+        if target.authorization is not None:
+            headers.append((b"authorization", target.authorization.encode()))
+        return httpx.Request(
+            "POST", target.urls[flight.kind], headers=headers, content=json.dumps(flight.payload)
+        )
+    headers = list(forward.headers)
+    if target.authorization is not None:
+        headers.append((b"authorization", target.authorization.encode()))
+    url = target.base_url + forward.path + (f"?{forward.query}" if forward.query else "")
+    return httpx.Request(forward.method, url, headers=headers, content=forward.body)
+
+
+def _no_target(pool: PoolEntry, kind: str, skipped: list[str]) -> GatewayError:
+    """Say that no target can take the request; a service's pool counts its ready replicas."""
+    if pool.service is None:
+        return errors.no_target(pool.slug, kind, skipped)
+    ready = sum(
+        1
+        for t in pool.targets
+        if t.enabled and t.drain is DrainState.ACTIVE and t.health is not Health.UNHEALTHY
+    )
+    return errors.no_replica(pool.service.name, ready, pool.service.desired_replicas, skipped)
 
 
 def _attempt_row(

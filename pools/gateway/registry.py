@@ -11,6 +11,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from nexus.models import ApiToken
+from pools.gateway.revocations import Listener
 from pools.gateway.snapshot import EMPTY, Snapshot, current_version, load_snapshot
 
 log = logging.getLogger(__name__)
@@ -30,15 +31,23 @@ def _guarded(function, *args):  # type: ignore[no-untyped-def]
 
 
 class Registry:
-    """The current snapshot, checked against the configuration version about once a second."""
+    """The current snapshot, checked against the configuration version about once a second.
+
+    Token revocations announced over Redis (pools.gateway.revocations) take effect at once,
+    between snapshots.
+    """
 
     def __init__(self, refresh_interval_s: float = 1.0, usage_flush_interval_s: float = 30.0):
         self.snapshot: Snapshot = EMPTY
         self.refresh_interval_s = refresh_interval_s
         self.usage_flush_interval_s = usage_flush_interval_s
         self._used_tokens: set[int] = set()
+        # Revocations announced to this process that a snapshot read before they committed may
+        # still hold: each new snapshot is cleaned of them, until one lacks them.
+        self._revoked: set[str] = set()
         self._lock: asyncio.Lock | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._listener: Listener | None = None
 
     async def ready(self) -> Snapshot:
         """Return the snapshot, loading it on the process's first request."""
@@ -48,16 +57,42 @@ class Registry:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self.snapshot is EMPTY:
-                self.snapshot = await sync_to_async(_guarded)(load_snapshot)
+                # Listening first: a revocation is then either announced or in the snapshot.
+                self._listener = Listener(self.revoke)
+                await self._listener.start()
+                self._install(await sync_to_async(_guarded)(load_snapshot))
                 self._refresher = asyncio.create_task(self._refresh_forever())
         return self.snapshot
 
     async def aclose(self) -> None:
-        """Stop refreshing and write the pending token usage."""
+        """Stop refreshing and listening, and write the pending token usage."""
         if self._refresher is not None:
             self._refresher.cancel()
             self._refresher = None
+        if self._listener is not None:
+            await self._listener.aclose()
+            self._listener = None
         await self.flush_token_usage()
+
+    def revoke(self, token_hash: str) -> None:
+        """Stop a revoked token now, before any snapshot shows it revoked."""
+        # Kept even when the current snapshot lacks the token: one being read may hold it.
+        self._revoked.add(token_hash)
+        if self.snapshot is not EMPTY:
+            self.snapshot.tokens.pop(token_hash, None)
+            self.snapshot.revoked.add(token_hash)
+
+    def _install(self, snapshot: Snapshot) -> None:
+        """Make the snapshot current, without the tokens revoked since it was read."""
+        held: set[str] = set()
+        for token_hash in self._revoked:
+            if snapshot.tokens.pop(token_hash, None) is not None:
+                held.add(token_hash)
+            snapshot.revoked.add(token_hash)
+        # A snapshot without the token was read after the revocation committed: later ones
+        # cannot hold it either.
+        self._revoked = held
+        self.snapshot = snapshot
 
     def note_token_used(self, token_id: int) -> None:
         self._used_tokens.add(token_id)
@@ -66,7 +101,7 @@ class Registry:
         """Reload the snapshot if the configuration changed since it was built."""
         version = await sync_to_async(_guarded)(current_version)
         if version != self.snapshot.version:
-            self.snapshot = await sync_to_async(_guarded)(load_snapshot)
+            self._install(await sync_to_async(_guarded)(load_snapshot))
 
     async def flush_token_usage(self) -> None:
         if not self._used_tokens:

@@ -1,16 +1,29 @@
-"""The gateway's in-memory view of pools, targets and tokens, rebuilt on configuration changes."""
+"""The gateway's in-memory view of pools, targets, services and tokens, rebuilt on changes."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from nexus.models import ApiToken, ConfigVersion
-from pools.balancer.snapshot import DrainState, PoolPolicy, SkipReason
+from pools.balancer.snapshot import DrainState, Health, PoolPolicy, SkipReason
 from pools.models import Pool, Target, node_base_url
+
+# The request kind of /serve/<service>/...: any HTTP request, which every replica of a service
+# takes (a gateway-only kind: a managed pool's targets get it in the snapshot, not in the database).
+SERVE_KIND = "http"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceEntry:
+    """The live model service that owns a managed pool."""
+
+    name: str
+    open_to_public: bool
+    desired_replicas: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,9 +33,13 @@ class TokenEntry:
     all_pools: bool
     pools: frozenset[str]
     expires_at: float | None  # epoch seconds
+    services: frozenset[str] = frozenset()
 
-    def may_use(self, slug: str) -> bool:
-        return self.all_pools or slug in self.pools
+    def may_use(self, pool: PoolEntry) -> bool:
+        """Say whether the token may call the pool: a managed one only when it names its service."""
+        if pool.managed:
+            return pool.service is not None and pool.service.name in self.services
+        return self.all_pools or pool.slug in self.pools
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +57,7 @@ class TargetEntry:
     enabled: bool  # False too while its node may not take traffic (see `unavailable`)
     drain: DrainState
     unavailable: str = ""  # why a node target is out, e.g. "node gpu-1 is offline"
+    health: Health = Health.HEALTHY  # the active probes' verdict (a service's replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +71,29 @@ class PoolEntry:
     max_queue: int
     max_queue_wait_s: float
     max_attempts: int
+    managed: bool = False  # a model service's pool: its targets are the service's replicas
+    service: ServiceEntry | None = None  # the live service owning a managed pool
 
     def target(self, target_id: int) -> TargetEntry:
         """Return the pool's target with this id."""
         return next(target for target in self.targets if target.id == target_id)
 
+    @property
+    def label(self) -> str:
+        """Name the pool in error messages: a service's pool by its service."""
+        if self.service is not None:
+            return f"Service '{self.service.name}'"
+        return f"Pool '{self.slug}'"
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     version: int
-    tokens: dict[str, TokenEntry]  # by token hash
-    pools: dict[str, PoolEntry]  # by slug
+    tokens: dict[str, TokenEntry]  # usable tokens by hash
+    pools: dict[str, PoolEntry]  # by slug, managed ones too
+    services: dict[str, PoolEntry] = field(default_factory=dict)  # live services' pools by name
+    # Hashes of revoked tokens, to tell a revoked token from an unknown one.
+    revoked: set[str] = field(default_factory=set)
 
 
 EMPTY = Snapshot(version=-1, tokens={}, pools={})
@@ -77,31 +107,35 @@ KIND_PATHS = {
 }
 
 
-def _target_entry(target: Target) -> TargetEntry:
+def _target_entry(target: Target, managed: bool) -> TargetEntry:
     node = target.node
     credential = target.upstream_credential()
-    if node is None:
+    if node is None or managed:
+        # A replica's URL is its own root (`<node>/agent/v1/processes/<id>/http` on a node),
+        # kept in step by its service; its OpenAI API is below /v1.
         base_url = target.base_url.rstrip("/")
-        unavailable = ""
     else:
-        # Reached through the node's agent, and only while the node is trusted and online;
-        # a target the operator disabled is out for that reason alone.
         base_url = node_base_url(node.address)
-        unavailable = node.unusable_reason() if target.enabled else ""
+    api_url = base_url + "/v1" if managed else base_url
+    # A node's targets are reached through its agent, and only while the node is trusted and
+    # online; a target the operator disabled is out for that reason alone.
+    unavailable = node.unusable_reason() if node is not None and target.enabled else ""
+    kinds = frozenset(target.kinds)
     return TargetEntry(
         id=target.pk,
         name=target.name,
         base_url=base_url,
         model_id=target.model_id,
-        kinds=frozenset(target.kinds),
+        kinds=kinds | {SERVE_KIND} if managed else kinds,
         authorization=f"Bearer {credential}" if credential else None,
-        urls={kind: httpx.URL(base_url + path) for kind, path in KIND_PATHS.items()},
+        urls={kind: httpx.URL(api_url + path) for kind, path in KIND_PATHS.items()},
         priority=target.priority,
         capacity=target.capacity_weight,
         position=target.position,
         enabled=target.enabled and not unavailable,
         drain=DrainState(target.state),
         unavailable=unavailable,
+        health=Health(target.health),
     )
 
 
@@ -114,10 +148,26 @@ def explain_unavailable(pool: PoolEntry, skipped: Iterable[dict[str, Any]]) -> N
                 skip["detail"] = target.unavailable
 
 
+def _service_entry(pool: Pool) -> ServiceEntry | None:
+    """Return the live service owning a managed pool; None for any other pool.
+
+    Pools know services only through this reverse relation (the pool's `service`); a service
+    being destroyed or destroyed takes no more traffic.
+    """
+    service = getattr(pool, "service", None) if pool.managed else None
+    if service is None or service.lifecycle != "active":
+        return None
+    return ServiceEntry(
+        name=service.name,
+        open_to_public=service.open_to_public,
+        desired_replicas=service.desired_replicas,
+    )
+
+
 def pool_entry(pool: Pool) -> PoolEntry:
-    """Return a pool as the gateway routes by it (its targets prefetched, ideally)."""
+    """Return a pool as the gateway routes by it (its targets and service prefetched, ideally)."""
     targets = tuple(
-        _target_entry(target)
+        _target_entry(target, pool.managed)
         for target in sorted(pool.targets.all(), key=lambda t: (t.priority, t.position, t.pk))
     )
     return PoolEntry(
@@ -134,6 +184,8 @@ def pool_entry(pool: Pool) -> PoolEntry:
         max_queue=pool.max_queue,
         max_queue_wait_s=pool.max_queue_wait_s,
         max_attempts=pool.max_attempts,
+        managed=pool.managed,
+        service=_service_entry(pool),
     )
 
 
@@ -147,14 +199,21 @@ def load_snapshot() -> Snapshot:
             all_pools=token.all_pools,
             pools=frozenset(token.pools),
             expires_at=token.expires_at.timestamp() if token.expires_at else None,
+            services=frozenset(token.services),
         )
         for token in ApiToken.objects.filter(revoked_at__isnull=True)
     }
+    revoked = set(
+        ApiToken.objects.filter(revoked_at__isnull=False).values_list("token_hash", flat=True)
+    )
     pools = {
         pool.slug: pool_entry(pool)
-        for pool in Pool.objects.prefetch_related("targets", "targets__node")
+        for pool in Pool.objects.select_related("service").prefetch_related(
+            "targets", "targets__node"
+        )
     }
-    return Snapshot(version=version, tokens=tokens, pools=pools)
+    services = {pool.service.name: pool for pool in pools.values() if pool.service is not None}
+    return Snapshot(version=version, tokens=tokens, pools=pools, services=services, revoked=revoked)
 
 
 def current_version() -> int:
