@@ -1,4 +1,4 @@
-"""ASGI entry point: /v1 to the gateway, websockets to consumers, everything else to Django."""
+"""ASGI entry point: /v1 and /serve to the gateway, websockets to consumers, the rest to Django."""
 
 from __future__ import annotations
 

@@ -1,9 +1,15 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class ServingConfig(AppConfig):
     """Model services: definitions, replicas, health, revisions, tokens, the model store."""
 
     name = "serving"
+
+    def ready(self) -> None:
+        from serving.defaults import create_defaults
+
+        post_migrate.connect(create_defaults, sender=self)

@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
-from django import forms
+from datetime import datetime, timedelta
+from typing import Any
 
-from serving.models import FOLDER_NAME_HELP, FOLDER_NAME_MAX_LENGTH, validate_folder_name
+from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS
+from django.template.defaultfilters import filesizeformat
+from django.utils import timezone
+
+from serving import services
+from serving.definitions.command_import import DEFAULT_MOUNT
+from serving.launch import LaunchProblem
+from serving.models import (
+    FOLDER_NAME_HELP,
+    FOLDER_NAME_MAX_LENGTH,
+    ModelFolder,
+    ResourceGroup,
+    ResourcePreset,
+    validate_folder_name,
+)
+from serving.runtimes.variants import VARIANTS, RuntimeVariant
+
+# A service token always expires (DESIGN.md); ten years is the longest the form offers.
+MAX_TOKEN_DAYS = 3650
+CUSTOM_MODES = [
+    ("command", "a command line"),
+    ("definition", "the folder's model definition"),
+]
 
 
 class ModelFolderForm(forms.Form):
@@ -17,3 +41,172 @@ class ModelFolderForm(forms.Form):
     )
     project = forms.CharField(max_length=100, initial="default")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+class ServiceLaunchForm(forms.Form):
+    """The service launcher: a name, a model folder, a runtime variant and its settings.
+
+    Only the shapes are checked here; `serving.services.check_service` checks the values, so
+    the page and the API refuse the same things with the same words. The variables of the
+    chosen variant (VLLM_TP_SIZE …) are fields of their own, named `env_<NAME>`.
+    """
+
+    name = forms.CharField(
+        label="Service name",
+        max_length=services.NAME_MAX_LENGTH,
+        help_text="Letters, digits, '-' and '_'; it is in the URL: /serve/<name>/.",
+    )
+    model_folder = forms.ChoiceField(label="Model folder")
+    runtime_variant = forms.ChoiceField(
+        label="Runtime variant",
+        choices=[(variant.name, variant.label) for variant in VARIANTS.values()],
+        initial="vllm",
+    )
+    custom_mode = forms.ChoiceField(
+        label="Define the service by",
+        choices=CUSTOM_MODES,
+        initial="command",
+        required=False,
+        widget=forms.RadioSelect,
+    )
+    command = forms.CharField(
+        label="Command line",
+        required=False,
+        strip=False,
+        widget=forms.Textarea(
+            attrs={"rows": 3, "placeholder": "vllm serve /models/my-model --tp 2"}
+        ),
+        help_text="Pasted as you would run it (docker run and sh -c are read too); nothing "
+        "runs until the service starts.",
+    )
+    model_definition_path = forms.CharField(
+        label="Model definition file",
+        required=False,
+        help_text="In the model folder; model-definition.yaml when left empty.",
+    )
+    mount_destination = forms.CharField(
+        label="Mount destination",
+        initial=DEFAULT_MOUNT,
+        help_text="Where the folder appears to the command.",
+    )
+    variables = forms.CharField(
+        label="More variables",
+        required=False,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "NAME=value, one per line"}),
+    )
+    desired_replicas = forms.IntegerField(
+        label="Replicas",
+        initial=1,
+        widget=forms.NumberInput(attrs={"min": 0, "max": services.MAX_REPLICAS}),
+    )
+    resource_group = forms.ChoiceField(label="Resource group")
+    preset = forms.ChoiceField(label="Resource preset", required=False)
+    open_to_public = forms.BooleanField(
+        label="Open to public", required=False, help_text="Reachable without a token."
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model_folder"].choices = [
+            (name, name) for name in ModelFolder.objects.values_list("name", flat=True)
+        ]
+        self.fields["resource_group"].choices = [
+            (name, name) for name in ResourceGroup.objects.values_list("name", flat=True)
+        ]
+        self.fields["resource_group"].initial = services.DEFAULT_GROUP
+        self.fields["preset"].choices = [("", "none: service-definition.toml's slots, if any")] + [
+            (preset.name, f"{preset.name}: {describe_slots(preset.slots())}")
+            for preset in ResourcePreset.objects.all()
+        ]
+        for name, meaning in self.variant.env_vars.items():
+            self.fields[env_field(name)] = forms.CharField(
+                label=name, required=False, help_text=meaning
+            )
+
+    @property
+    def variant(self) -> RuntimeVariant:
+        """Return the runtime variant chosen (the initial one while unbound or unknown)."""
+        chosen = self.data.get("runtime_variant") if self.is_bound else None
+        return VARIANTS.get(str(chosen), VARIANTS[self.fields["runtime_variant"].initial])
+
+    @property
+    def mode(self) -> str:
+        """Return how a Custom service is defined: "command" or "definition"."""
+        chosen = self.data.get("custom_mode") if self.is_bound else None
+        return chosen if chosen in dict(CUSTOM_MODES) else "command"
+
+    def variable_fields(self) -> list[forms.BoundField]:
+        """Return the chosen variant's own variables, for the template."""
+        return [self[env_field(name)] for name in self.variant.env_vars]
+
+    def clean_variables(self) -> dict[str, str]:
+        """Return the NAME=value lines as variables; blank lines and # comments are skipped."""
+        found: dict[str, str] = {}
+        for number, line in enumerate(self.cleaned_data["variables"].splitlines(), start=1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            name, equals, value = line.partition("=")
+            if not equals:
+                raise forms.ValidationError(f"line {number}: write NAME=value")
+            found[name.strip()] = value
+        return found
+
+    def declaration(self) -> dict[str, Any]:
+        """Return the cleaned form as `check_service`'s arguments."""
+        data = self.cleaned_data
+        custom = self.variant.command is None
+        environ = {
+            name: data[env_field(name)]
+            for name in self.variant.env_vars
+            if data.get(env_field(name), "").strip()
+        }
+        return {
+            "name": data["name"],
+            "model_folder": data["model_folder"],
+            "runtime_variant": data["runtime_variant"],
+            "command": data["command"] if custom and self.mode == "command" else "",
+            "model_definition_path": (
+                data["model_definition_path"] if custom and self.mode == "definition" else ""
+            ),
+            "mount_destination": data["mount_destination"],
+            "environ": {**environ, **data["variables"]},
+            "desired_replicas": data["desired_replicas"],
+            "resource_group": data["resource_group"],
+            "preset": data["preset"] or None,
+            "open_to_public": data["open_to_public"],
+        }
+
+    def problems(self) -> list[LaunchProblem]:
+        """Return the form's own errors as problems at their fields."""
+        return [
+            LaunchProblem("", "" if field == NON_FIELD_ERRORS else field, message)
+            for field, messages in self.errors.items()
+            for message in messages
+        ]
+
+
+def env_field(name: str) -> str:
+    """Return the form field of a variant's variable."""
+    return f"env_{name}"
+
+
+def describe_slots(slots: dict[str, float]) -> str:
+    """Return slot amounts in words: "2 CPU, 4.0 GB, 1 GPU share"."""
+    parts = [f"{slots.get('cpu', 0):g} CPU", filesizeformat(slots.get("mem", 0))]
+    if slots.get("cuda.shares"):
+        parts.append(f"{slots['cuda.shares']:g} GPU")
+    return ", ".join(parts)
+
+
+class ServiceTokenForm(forms.Form):
+    """A new service token: what it is for and how long it works."""
+
+    name = forms.CharField(max_length=100, help_text="What or who uses it, e.g. chat-app.")
+    valid_days = forms.IntegerField(
+        label="Valid for (days)", min_value=1, max_value=MAX_TOKEN_DAYS, initial=30
+    )
+
+    def expires_at(self) -> datetime:
+        """Return when the token stops working."""
+        return timezone.now() + timedelta(days=self.cleaned_data["valid_days"])

@@ -14,4 +14,23 @@ urlpatterns = [
     path("models/<str:name>/delete/", views.model_folder_delete, name="model_folder_delete"),
     path("models/<str:name>/delete-file/", views.model_file_delete, name="model_file_delete"),
     path("models/<str:name>/files/<path:path>", views.model_file, name="model_file"),
+    path("services/", views.service_list, name="service_list"),
+    # Before <slug:name>: "new", "check" and "fields" are never service pages.
+    path("services/new/", views.service_new, name="service_new"),
+    path("services/new/check/", views.service_check, name="service_check"),
+    path("services/new/fields/", views.service_variant_fields, name="service_variant_fields"),
+    path("services/<slug:name>/", views.service_detail, name="service_detail"),
+    path("services/<slug:name>/scale/", views.service_scale, name="service_scale"),
+    path("services/<slug:name>/delete/", views.service_delete, name="service_delete"),
+    path("services/<slug:name>/tokens/", views.service_token_issue, name="service_token_issue"),
+    path(
+        "services/<slug:name>/tokens/<int:token_id>/revoke/",
+        views.service_token_revoke,
+        name="service_token_revoke",
+    ),
+    path(
+        "services/<slug:name>/routes/<int:route_id>/clear-errors/",
+        views.route_clear_errors,
+        name="route_clear_errors",
+    ),
 ]

@@ -1,13 +1,14 @@
-"""Model serving pages: model folders, their files, uploads and deletions."""
+"""Model serving pages: model folders and their files; services, their launcher and state."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import filesizeformat
 from django.utils.cache import patch_vary_headers
@@ -15,25 +16,31 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from serving import folders
-from serving.forms import ModelFolderForm
-from serving.models import ModelFolder
+from serving import folders, services, tokens
+from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm
+from serving.launch import LaunchError, LaunchProblem
+from serving.models import ModelFolder, Service, ServiceLifecycle
 
 FOLDER_LIST = "serving/model_folder_list.html"
 FOLDERS_SECTION = f"{FOLDER_LIST}#model-folders"
 FOLDER_DETAIL = "serving/model_folder_detail.html"
 FILES_TABLE = f"{FOLDER_DETAIL}#files-table"
 SECTION = "models"
+SERVICES_SECTION = "services"
+SERVICE_NEW = "serving/service_new.html"
+LAUNCH_CHECK = f"{SERVICE_NEW}#launch-check"
+VARIANT_FIELDS = f"{SERVICE_NEW}#variant-fields"
+SERVICE_STATUS = "serving/service_detail.html#service-status"
 
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
-def require_staff(request: HttpRequest) -> None:
+def require_staff(request: HttpRequest, doing: str = "change model folders") -> None:
     """Refuse a change by someone who is not staff."""
     if not request.user.is_staff:
-        raise PermissionDenied("Only staff may change model folders.")
+        raise PermissionDenied(f"Only staff may {doing}.")
 
 
 def files_context(folder: ModelFolder) -> dict[str, Any]:
@@ -164,3 +171,209 @@ def model_folder_delete(request: HttpRequest, name: str) -> HttpResponse:
         return redirect("serving:model_folder_list")
     context = {"section": SECTION, "folder": folder, **files_context(folder)}
     return render(request, "serving/model_folder_delete.html", context)
+
+
+# Services
+
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    """The launcher's verdict: every problem, or the checked plan with its resolved launch."""
+
+    problems: list[LaunchProblem]
+    plan: services.Plan | None
+
+
+def check_launch(form: ServiceLaunchForm, owner: Any) -> LaunchCheck:
+    """Return what would happen if the form were submitted now; nothing is written."""
+    if not form.is_valid():
+        return LaunchCheck(problems=form.problems(), plan=None)
+    try:
+        plan = services.check_service(owner=owner, **form.declaration())
+    except LaunchError as refused:
+        return LaunchCheck(problems=list(refused.problems), plan=None)
+    return LaunchCheck(problems=[], plan=plan)
+
+
+@require_GET
+@login_required
+def service_list(request: HttpRequest) -> HttpResponse:
+    """Render the services of a tab: active (the default) or destroyed."""
+    tab = "destroyed" if request.GET.get("tab") == "destroyed" else "active"
+    found = services.in_tab(
+        services.with_ready_counts(Service.objects.select_related("latest_revision")), tab
+    ).order_by("name", "id")
+    rows = [{"service": s, "status": services.status_text(s)} for s in found]
+    context = {"section": SERVICES_SECTION, "tab": tab, "rows": rows}
+    return render(request, "serving/service_list.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def service_new(request: HttpRequest) -> HttpResponse:
+    """Render the service launcher; create the service on POST and show it."""
+    require_staff(request, "start services")
+    form = ServiceLaunchForm(request.POST or None)
+    check = None
+    if request.method == "POST":
+        check = check_launch(form, request.user)
+        if check.plan is not None:
+            try:
+                service = services.create_service(owner=request.user, **form.declaration())
+            except LaunchError as refused:
+                check = LaunchCheck(problems=list(refused.problems), plan=None)
+            else:
+                messages.success(request, f"Started service {service.name}.")
+                return redirect("serving:service_detail", name=service.name)
+    context = {"section": SERVICES_SECTION, "form": form, "check": check}
+    return render(request, SERVICE_NEW, context, status=400 if check else 200)
+
+
+@require_POST
+@login_required
+def service_check(request: HttpRequest) -> HttpResponse:
+    """Render the launcher's check of the form as it is now: problems, or what would run."""
+    require_staff(request, "start services")
+    check = check_launch(ServiceLaunchForm(request.POST), request.user)
+    return render(request, LAUNCH_CHECK, {"check": check})
+
+
+@require_POST
+@login_required
+def service_variant_fields(request: HttpRequest) -> HttpResponse:
+    """Render the launcher's fields for the variant (and Custom mode) chosen now."""
+    require_staff(request, "start services")
+    return render(request, VARIANT_FIELDS, {"form": ServiceLaunchForm(request.POST)})
+
+
+def service_or_404(name: str) -> Service:
+    """Return the service of that name (the live one first) or answer 404."""
+    service = services.find_service(name)
+    if service is None:
+        raise Http404(f"No service named {name!r}.")
+    return service
+
+
+def service_context(service: Service) -> dict[str, Any]:
+    """Return what the service page and its live status section show."""
+    issued_tokens = [
+        {"token": token, "state": tokens.token_status(token)}
+        for token in tokens.service_tokens(service)
+    ]
+    latest, running = service.latest_revision, service.running_revision
+    updating = service.latest_revision_id != service.running_revision_id
+    return {
+        "section": SERVICES_SECTION,
+        "service": service,
+        "status": services.status_text(service),
+        "latest": latest,
+        "running": running,
+        "updating": updating,
+        # Side by side while they differ (the running one is None before the first rollout).
+        "compared_revisions": [latest, running] if updating and running else [latest],
+        "routes": services.shown_routes(service),
+        "revisions": service.revisions.order_by("-number"),
+        "tokens": issued_tokens,
+        "token_form": ServiceTokenForm(),
+        "alive": service.lifecycle == ServiceLifecycle.ACTIVE,
+    }
+
+
+@require_GET
+@login_required
+def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Render a service, or only its live status section for an htmx request."""
+    service = service_or_404(name)
+    template = SERVICE_STATUS if request.htmx else "serving/service_detail.html"
+    response = render(request, template, service_context(service))
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+@require_POST
+@login_required
+def service_scale(request: HttpRequest, name: str) -> HttpResponse:
+    """Set how many replicas the service keeps."""
+    require_staff(request, "change services")
+    service = service_or_404(name)
+    try:
+        replicas = int(request.POST.get("desired_replicas", ""))
+    except ValueError:
+        messages.error(request, "Replicas: enter a whole number from 0 to 64.")
+        return redirect("serving:service_detail", name=service.name)
+    try:
+        services.scale_service(service, replicas)
+    except LaunchError as refused:
+        messages.error(request, str(refused))
+    else:
+        messages.success(request, f"{service.name} now keeps {replicas} replicas.")
+    return redirect("serving:service_detail", name=service.name)
+
+
+@require_POST
+@login_required
+def route_clear_errors(request: HttpRequest, name: str, route_id: int) -> HttpResponse:
+    """Forget a route's errors and retry it now."""
+    require_staff(request, "change services")
+    service = service_or_404(name)
+    route = get_object_or_404(service.routes, pk=route_id)
+    services.clear_route_errors(route)
+    messages.success(request, f"Cleared the errors of route {route.pk}; retrying it now.")
+    return redirect("serving:service_detail", name=service.name)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def service_delete(request: HttpRequest, name: str) -> HttpResponse:
+    """Ask to confirm destroying the service; start destroying it on POST."""
+    require_staff(request, "delete services")
+    service = service_or_404(name)
+    if request.method == "POST":
+        try:
+            services.delete_service(service)
+        except LaunchError as refused:
+            messages.error(request, str(refused))
+        else:
+            messages.success(request, f"Destroying {service.name}: its replicas are stopping.")
+        return redirect("serving:service_detail", name=service.name)
+    context = {**service_context(service)}
+    return render(request, "serving/service_delete.html", context)
+
+
+@require_POST
+@login_required
+def service_token_issue(request: HttpRequest, name: str) -> HttpResponse:
+    """Issue a token for the service and show its secret, this once."""
+    require_staff(request, "issue tokens")
+    service = service_or_404(name)
+    form = ServiceTokenForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(m for errors in form.errors.values() for m in errors))
+        return redirect("serving:service_detail", name=service.name)
+    try:
+        token, secret = tokens.issue_service_token(
+            service,
+            name=form.cleaned_data["name"],
+            expires_at=form.expires_at(),
+            created_by=request.user,
+        )
+    except ValidationError as refused:
+        messages.error(request, " ".join(refused.messages))
+        return redirect("serving:service_detail", name=service.name)
+    # Rendered, not redirected: the secret must not travel through a stored message.
+    context = {**service_context(service), "issued": {"token": token, "secret": secret}}
+    return render(request, "serving/service_detail.html", context)
+
+
+@require_POST
+@login_required
+def service_token_revoke(request: HttpRequest, name: str, token_id: int) -> HttpResponse:
+    """Revoke one of the service's tokens."""
+    require_staff(request, "revoke tokens")
+    service = service_or_404(name)
+    token = next((t for t in tokens.service_tokens(service) if t.pk == token_id), None)
+    if token is None:
+        raise Http404(f"No token {token_id} for service {service.name!r}.")
+    tokens.revoke_service_token(token)
+    messages.success(request, f"Revoked token {token.name}.")
+    return redirect("serving:service_detail", name=service.name)

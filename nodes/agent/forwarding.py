@@ -183,10 +183,14 @@ class ProcessProxy:
         process_id = request.match_info["id"]
         process = self._processes.get(process_id)
         if process["state"] != "running":
+            # 503, like a runtime that refuses the connection (502): a gateway in front takes
+            # it as a refusal and moves the request to another replica, where a 409 would be
+            # relayed to its client as the answer.
             raise AgentError(
-                409,
+                503,
                 "process_not_running",
                 f"process {process_id} is {process['state']}, not running",
+                kind="server_error",
             )
         if process["port"] is None:
             raise AgentError(

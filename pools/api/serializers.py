@@ -88,14 +88,16 @@ class TargetSerializer(serializers.ModelSerializer):
             "enabled",
             "state",
             "state_changed_at",
+            "health",
             "position",
             "credential",
             "has_credential",
             "created_at",
             "updated_at",
         ]
-        # Drain and resume change the state (POST .../drain/, .../resume/), so nothing races them.
-        read_only_fields = ["state", "state_changed_at"]
+        # Drain and resume change the state (POST .../drain/, .../resume/), so nothing races them;
+        # health is the active probes' verdict on a service's replica.
+        read_only_fields = ["state", "state_changed_at", "health"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         current = self.instance

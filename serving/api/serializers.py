@@ -1,18 +1,30 @@
-"""Admin API representations of model folders and their files."""
+"""Admin API representations of model folders, resource groups and presets, services with their
+revisions and routes, and definition checks."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from serving import folders
+from nodes.models import Node
+from serving import folders, services
+from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
     ModelFolder,
+    ResourceGroup,
+    ResourcePreset,
+    Revision,
+    Route,
+    Service,
     validate_folder_name,
 )
+from serving.runtimes.variants import VARIANT_NAMES
+
+VALIDATE_KINDS = ("model-definition", "service-definition", "command")
 
 
 class ModelFolderSerializer(serializers.ModelSerializer):
@@ -104,3 +116,298 @@ class UploadSerializer(serializers.Serializer):
         help_text="Where to store it, relative to the folder (e.g. `weights/model.gguf`); "
         "the uploaded file's name when omitted. Missing directories are created.",
     )
+
+
+# Resource groups and presets
+
+
+class ResourceGroupSerializer(serializers.ModelSerializer):
+    """Trusted nodes a service's replicas may run on: every one (`all_nodes`) or a list."""
+
+    nodes = serializers.SlugRelatedField(
+        slug_field="name",
+        many=True,
+        required=False,
+        queryset=Node.objects.all(),
+        help_text="Node names; ignored while `all_nodes` is true.",
+    )
+
+    class Meta:
+        model = ResourceGroup
+        fields = ["name", "description", "all_nodes", "nodes", "created_at"]
+
+
+class ResourcePresetSerializer(serializers.ModelSerializer):
+    """A named set of resource slots a replica reserves on its node."""
+
+    class Meta:
+        model = ResourcePreset
+        fields = ["name", "cpu", "memory_bytes", "cuda_shares"]
+
+
+# Services, revisions and routes
+
+
+class RouteSerializer(serializers.ModelSerializer):
+    """One replica: where it runs, how healthy it is and every error it met."""
+
+    revision = serializers.IntegerField(source="revision.number", read_only=True)
+    node = serializers.CharField(source="node.name", read_only=True, allow_null=True)
+    # Plain strings in the schema: other apps name their own "state" choices.
+    state = serializers.CharField(
+        read_only=True,
+        help_text="provisioning, healthy, unhealthy, terminating, terminated or failed_to_start.",
+    )
+    probe_result = serializers.CharField(
+        read_only=True, help_text="unknown, passed or failed (the latest probe)."
+    )
+    degraded = serializers.BooleanField(
+        read_only=True, help_text="Healthy, but its latest probe failed: ranked last."
+    )
+
+    class Meta:
+        model = Route
+        fields = [
+            "id",
+            "revision",
+            "node",
+            "process_id",
+            "port",
+            "state",
+            "status_message",
+            "probe_result",
+            "degraded",
+            "consecutive_failures",
+            "last_probe_at",
+            "errors",
+            "restart_count",
+            "not_before",
+            "created_at",
+            "started_at",
+            "ready_at",
+            "ended_at",
+        ]
+        read_only_fields = fields
+
+
+class RevisionSerializer(serializers.ModelSerializer):
+    """One immutable version of a service's launch, with its resolved spec."""
+
+    model_folder = serializers.CharField(source="model_folder.name", read_only=True)
+    resource_group = serializers.CharField(source="resource_group.name", read_only=True)
+    preset = serializers.CharField(source="preset.name", read_only=True, allow_null=True)
+    state = serializers.CharField(
+        read_only=True, help_text="pending, rolling_out, running, rolled_back or superseded."
+    )
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = Revision
+        fields = [
+            "number",
+            "state",
+            "failure_reason",
+            "model_folder",
+            "mount_destination",
+            "runtime_variant",
+            "model_definition_path",
+            "command",
+            "environ",
+            "resource_group",
+            "preset",
+            "resource_slots",
+            "spec",
+            "created_by",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class RevisionSummarySerializer(serializers.ModelSerializer):
+    """A revision in a service's history."""
+
+    state = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Revision
+        fields = ["number", "state", "runtime_variant", "failure_reason", "created_at"]
+        read_only_fields = fields
+
+
+class ServiceSerializer(serializers.ModelSerializer):
+    """A model service: its replicas' readiness and the revision it runs."""
+
+    owner = serializers.CharField(source="owner.username", read_only=True, allow_null=True)
+    lifecycle = serializers.CharField(read_only=True, help_text="active, destroying or destroyed.")
+    status = serializers.SerializerMethodField(help_text='e.g. "2 of 3 replicas ready".')
+    ready_replicas = serializers.SerializerMethodField(help_text="Replicas taking traffic now.")
+    runtime_variant = serializers.CharField(
+        source="latest_revision.runtime_variant", read_only=True, allow_null=True
+    )
+    latest_revision = serializers.IntegerField(
+        source="latest_revision.number", read_only=True, allow_null=True
+    )
+    running_revision = serializers.IntegerField(
+        source="running_revision.number", read_only=True, allow_null=True
+    )
+    endpoint = serializers.SerializerMethodField(help_text="Where clients send requests.")
+
+    class Meta:
+        model = Service
+        fields = [
+            "name",
+            "project",
+            "owner",
+            "lifecycle",
+            "status",
+            "status_message",
+            "desired_replicas",
+            "ready_replicas",
+            "open_to_public",
+            "runtime_variant",
+            "latest_revision",
+            "running_revision",
+            "endpoint",
+            "created_at",
+            "updated_at",
+            "destroyed_at",
+        ]
+        read_only_fields = fields
+
+    def get_status(self, service: Service) -> str:
+        return services.status_text(service)
+
+    def get_ready_replicas(self, service: Service) -> int:
+        return services.ready_replicas(service)
+
+    def get_endpoint(self, service: Service) -> str:
+        return f"/serve/{service.name}/"
+
+
+class ServiceDetailSerializer(ServiceSerializer):
+    """A service with both revisions in full while they differ, its routes and its history."""
+
+    latest_revision = RevisionSerializer(read_only=True, allow_null=True)
+    running_revision = RevisionSerializer(read_only=True, allow_null=True)
+    updating = serializers.SerializerMethodField(
+        help_text="True while the latest revision is not the one the replicas run."
+    )
+    routes = serializers.SerializerMethodField()
+    revisions = RevisionSummarySerializer(many=True, read_only=True)
+
+    class Meta(ServiceSerializer.Meta):
+        fields = [*ServiceSerializer.Meta.fields, "updating", "routes", "revisions"]
+        read_only_fields = fields
+
+    def get_updating(self, service: Service) -> bool:
+        return service.latest_revision_id != service.running_revision_id
+
+    @extend_schema_field(RouteSerializer(many=True))
+    def get_routes(self, service: Service) -> list[dict[str, Any]]:
+        return RouteSerializer(services.shown_routes(service), many=True).data
+
+
+class LaunchFieldsSerializer(serializers.Serializer):
+    """What a revision is made of; the service checks the values themselves."""
+
+    model_folder = serializers.CharField(help_text="The model folder's name.")
+    runtime_variant = serializers.CharField(
+        help_text=f"One of: {', '.join(VARIANT_NAMES)}.",
+    )
+    mount_destination = serializers.CharField(
+        default=DEFAULT_MOUNT,
+        help_text="Where the folder appears to the command; paths in it start here.",
+    )
+    model_definition_path = serializers.CharField(
+        default="",
+        allow_blank=True,
+        help_text="Custom: the model definition file in the folder (default: "
+        "model-definition.yaml).",
+    )
+    command = serializers.CharField(
+        default="",
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="Custom: a pasted command line, e.g. `vllm serve /models/my-model --tp 2`.",
+    )
+    environ = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        default=dict,
+        help_text="Variables for the server, e.g. VLLM_TP_SIZE; service-definition.toml's are "
+        "the defaults.",
+    )
+    resource_group = serializers.CharField(default=services.DEFAULT_GROUP)
+    preset = serializers.CharField(
+        default=None, allow_null=True, allow_blank=True, help_text="A resource preset's name."
+    )
+    resource_slots = serializers.DictField(
+        child=serializers.JSONField(),
+        default=dict,
+        help_text='Slot amounts over the preset\'s: {"cpu": 2, "mem": "8gb", "cuda.shares": 1}.',
+    )
+
+
+class ServiceCreateSerializer(LaunchFieldsSerializer):
+    """A new service: its name, replicas and public access, and how its replicas launch."""
+
+    name = serializers.CharField(
+        help_text="Letters, digits, '-' and '_', at most 64; unique among services not "
+        "destroyed, and not an ordinary pool's slug."
+    )
+    project = serializers.CharField(default="default")
+    open_to_public = serializers.BooleanField(default=False, help_text="Reachable without a token.")
+    desired_replicas = serializers.IntegerField(default=1, help_text="0 to 64.")
+
+
+class ServiceUpdateSerializer(LaunchFieldsSerializer):
+    """Changes to a service (sent as PATCH: absent means unchanged). Any launch setting makes a
+    new revision; replicas and public access do not."""
+
+    open_to_public = serializers.BooleanField(required=False)
+    desired_replicas = serializers.IntegerField(required=False, help_text="0 to 64.")
+
+
+class ProblemSerializer(serializers.Serializer):
+    """One problem: where (a file in the folder, and a key path) and what."""
+
+    file = serializers.CharField(
+        help_text="The folder's file the problem is in; empty for the request's own fields."
+    )
+    path = serializers.CharField(help_text='A key path, e.g. "models[0].service.port".')
+    message = serializers.CharField()
+
+
+class ProblemsSerializer(serializers.Serializer):
+    """A refused request: one line per problem in `detail`, each problem in `problems`."""
+
+    detail = serializers.CharField()
+    problems = ProblemSerializer(many=True)
+
+
+class ValidateSerializer(serializers.Serializer):
+    """A definition to check: its kind and its text."""
+
+    kind = serializers.CharField(
+        help_text="model-definition, service-definition or command (a pasted command line)."
+    )
+    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+
+    def validate_kind(self, kind: str) -> str:
+        if kind not in VALIDATE_KINDS:
+            raise serializers.ValidationError(f"must be one of: {', '.join(VALIDATE_KINDS)}")
+        return kind
+
+
+class ValidatedProblemSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ValidationResultSerializer(serializers.Serializer):
+    """Whether the text is valid, every problem at its key path, and what it was read as."""
+
+    valid = serializers.BooleanField()
+    problems = ValidatedProblemSerializer(many=True)
+    result = serializers.JSONField(allow_null=True, help_text="The parsed text, when valid.")

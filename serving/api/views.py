@@ -1,14 +1,24 @@
-"""Admin API for model folders (by name) and the files inside them."""
+"""Admin API for model folders (by name) and their files, resource groups and presets, model
+services (by name) with their routes, and definition checks."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import mixins, status, viewsets
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -16,15 +26,36 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from serving import folders
+from nexus.models import ApiToken
+from serving import folders, services
 from serving.api.serializers import (
     FileEntrySerializer,
     FileListingSerializer,
     FilePreviewSerializer,
     ModelFolderSerializer,
+    ProblemsSerializer,
+    ResourceGroupSerializer,
+    ResourcePresetSerializer,
+    RouteSerializer,
+    ServiceCreateSerializer,
+    ServiceDetailSerializer,
+    ServiceSerializer,
+    ServiceUpdateSerializer,
     UploadSerializer,
+    ValidateSerializer,
+    ValidationResultSerializer,
 )
-from serving.models import ModelFolder
+from serving.definitions import (
+    MODEL_DEFINITION_SCHEMA,
+    CommandImportError,
+    DefinitionError,
+    import_command,
+    parse_model_definition,
+    parse_service_definition,
+)
+from serving.definitions.values import item_path, key_path
+from serving.launch import LaunchError, LaunchProblem
+from serving.models import ModelFolder, ResourceGroup, ResourcePreset, Service, ServiceLifecycle
 
 REFUSED = OpenApiResponse(OpenApiTypes.OBJECT, description='`{"detail": "why"}`')
 FILE_PATH = OpenApiParameter(
@@ -179,3 +210,242 @@ class ModelFolderFileView(FolderFilesMixin, GenericAPIView):
         """Delete the file, or a directory with everything in it."""
         folders.delete_path(self.get_folder(), path)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class LaunchErrorsAsResponses(APIView):
+    """Answer a refused service operation with every problem, at its field or file path."""
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, LaunchError):
+            status_code = getattr(exc, "status_code", status.HTTP_400_BAD_REQUEST)
+            return Response(exc.to_dict(), status=status_code)
+        return super().handle_exception(exc)
+
+
+def checked(serializer: BaseSerializer[Any]) -> dict[str, Any]:
+    """Return the serializer's data, or raise LaunchError naming every malformed field."""
+    if serializer.is_valid():
+        return dict(serializer.validated_data)
+    raise LaunchError(list(field_problems(serializer.errors, "")))
+
+
+def field_problems(errors: Any, path: str) -> Iterator[LaunchProblem]:
+    """Yield DRF's nested field errors as problems at their key paths."""
+    if isinstance(errors, Mapping):
+        for key, nested in errors.items():
+            # DRF's errors about the whole object have no field: they are at the parent's path.
+            yield from field_problems(
+                nested, path if key == "non_field_errors" else key_path(path, key)
+            )
+    elif isinstance(errors, list) and errors and not isinstance(errors[0], str):
+        for index, nested in enumerate(errors):
+            yield from field_problems(nested, item_path(path, index))
+    else:
+        for message in errors:
+            yield LaunchProblem("", path, str(message))
+
+
+def visible_services(request: Request) -> QuerySet[Service]:
+    """Return the services the caller may see: a token limited to some pools sees none.
+
+    (Service tokens never get here: the admin API refuses them.)
+    """
+    if isinstance(request.auth, ApiToken) and not request.auth.all_pools:
+        return Service.objects.none()
+    return Service.objects.all()
+
+
+PROBLEMS = OpenApiResponse(ProblemsSerializer, description="Every problem, each at its path.")
+LIFECYCLE = OpenApiParameter(
+    "lifecycle",
+    str,
+    enum=["active", "destroyed"],
+    description="active: running, starting or being destroyed; destroyed: gone.",
+)
+
+
+@extend_schema_view(
+    list=extend_schema(parameters=[LIFECYCLE], responses=ServiceSerializer(many=True)),
+    retrieve=extend_schema(responses=ServiceDetailSerializer),
+    create=extend_schema(
+        request=ServiceCreateSerializer, responses={201: ServiceDetailSerializer, 400: PROBLEMS}
+    ),
+    partial_update=extend_schema(
+        request=ServiceUpdateSerializer,
+        responses={200: ServiceDetailSerializer, 400: PROBLEMS, 409: PROBLEMS},
+    ),
+    destroy=extend_schema(request=None, responses={202: ServiceDetailSerializer, 409: PROBLEMS}),
+)
+class ServiceViewSet(
+    LaunchErrorsAsResponses,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Model services by name: declare, change (a new revision, or a scale), delete."""
+
+    serializer_class = ServiceSerializer
+    lookup_field = "name"
+    lookup_value_regex = r"[-A-Za-z0-9_]+"
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[Service]:
+        found = services.with_ready_counts(visible_services(self.request))
+        # Explicit: Meta.ordering does not apply to a query with GROUP BY (the ready count).
+        found = found.select_related("owner", "latest_revision", "running_revision").order_by(
+            "name", "id"
+        )
+        lifecycle = self.request.query_params.get("lifecycle")
+        if self.action == "list" and lifecycle is not None:
+            if lifecycle not in ("active", "destroyed"):
+                raise LaunchError([LaunchProblem("", "lifecycle", "must be active or destroyed")])
+            found = services.in_tab(found, lifecycle)
+        return found
+
+    def get_object(self) -> Service:
+        found = self.get_queryset().filter(name=self.kwargs["name"])
+        # Names are unique among services not destroyed; destroyed ones may share a name.
+        service = found.exclude(lifecycle=ServiceLifecycle.DESTROYED).first()
+        service = service or found.order_by("-created_at", "-id").first()
+        if service is None:
+            raise NotFound(f"No service named {self.kwargs['name']!r}.")
+        self.check_object_permissions(self.request, service)
+        return service
+
+    def detail_response(self, service: Service, status_code: int = 200) -> Response:
+        fresh = (
+            self.get_queryset()
+            .select_related(
+                "latest_revision__model_folder",
+                "latest_revision__resource_group",
+                "latest_revision__preset",
+                "running_revision__model_folder",
+                "running_revision__resource_group",
+                "running_revision__preset",
+            )
+            .get(pk=service.pk)
+        )
+        return Response(ServiceDetailSerializer(fresh).data, status=status_code)
+
+    def retrieve(self, request: Request, name: str) -> Response:
+        """A service with its routes, revisions, and the latest and running revision in full."""
+        return self.detail_response(self.get_object())
+
+    def create(self, request: Request) -> Response:
+        """Declare a service; its first revision is resolved from the folder and settings now."""
+        data = checked(ServiceCreateSerializer(data=request.data))
+        owner = request.user if request.user.is_authenticated else None
+        service = services.create_service(owner=owner, **data)
+        return self.detail_response(service, status.HTTP_201_CREATED)
+
+    def partial_update(self, request: Request, name: str) -> Response:
+        """Change a service: launch settings make a new revision, replicas and access do not."""
+        service = self.get_object()
+        changes = checked(ServiceUpdateSerializer(data=request.data, partial=True))
+        actor = request.user if request.user.is_authenticated else None
+        services.update_service(service, actor=actor, **changes)
+        return self.detail_response(service)
+
+    def destroy(self, request: Request, name: str) -> Response:
+        """Start destroying the service: its replicas are drained and stopped, then it is gone."""
+        service = services.delete_service(self.get_object())
+        return self.detail_response(service, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={200: RouteSerializer, 404: REFUSED})
+    @action(
+        detail=True,
+        methods=["post"],
+        url_path=r"routes/(?P<route_id>\d+)/clear-errors",
+        url_name="route-clear-errors",
+    )
+    def clear_errors(self, request: Request, name: str, route_id: str) -> Response:
+        """Forget a route's errors and retry it now, without waiting out its backoff."""
+        route = get_object_or_404(self.get_object().routes, pk=route_id)
+        return Response(RouteSerializer(services.clear_route_errors(route)).data)
+
+
+class ResourceGroupViewSet(
+    mixins.CreateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Resource groups: the nodes a service's replicas may be placed on."""
+
+    queryset = ResourceGroup.objects.prefetch_related("nodes")
+    serializer_class = ResourceGroupSerializer
+    lookup_field = "name"
+
+
+class ResourcePresetViewSet(
+    mixins.CreateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Resource presets: named slot amounts a replica reserves."""
+
+    queryset = ResourcePreset.objects.all()
+    serializer_class = ResourcePresetSerializer
+    lookup_field = "name"
+
+
+class ChecksForEveryone(permissions.BasePermission):
+    """Any signed-in user or token may check a definition: checking changes nothing."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return bool(request.auth is not None or request.user.is_authenticated)
+
+
+class ModelDefinitionSchemaView(APIView):
+    """The JSON Schema of model-definition.yaml, public so that editors can fetch it."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        """Return the JSON Schema (draft 2020-12) of model-definition.yaml."""
+        return Response(MODEL_DEFINITION_SCHEMA)
+
+
+class ValidateDefinitionView(APIView):
+    """Check a model definition, a service definition or a command line; store nothing."""
+
+    permission_classes = [ChecksForEveryone]
+
+    @extend_schema(
+        request=ValidateSerializer,
+        responses={200: ValidationResultSerializer, 400: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request) -> Response:
+        """Return whether the text is valid, every problem at its key path, and its reading.
+
+        The answer is 200 whether or not the text is valid; 400 means the request itself is
+        malformed (no text, an unknown kind).
+        """
+        asked = ValidateSerializer(data=request.data)
+        asked.is_valid(raise_exception=True)
+        kind, text = asked.validated_data["kind"], asked.validated_data["text"]
+        return Response(check_definition(kind, text))
+
+
+def check_definition(kind: str, text: str) -> dict[str, Any]:
+    """Return the validation answer for one definition text of the given kind."""
+    try:
+        if kind == "model-definition":
+            result = parse_model_definition(text).to_dict()
+        elif kind == "service-definition":
+            result = parse_service_definition(text).to_dict()
+        else:
+            result = import_command(text).to_dict()
+    except DefinitionError as invalid:
+        problems = [problem.to_dict() for problem in invalid.problems]
+        return {"valid": False, "problems": problems, "result": None}
+    except CommandImportError as unreadable:
+        return {
+            "valid": False,
+            "problems": [{"path": "", "message": str(unreadable)}],
+            "result": None,
+        }
+    return {"valid": True, "problems": [], "result": result}

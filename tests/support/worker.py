@@ -52,8 +52,12 @@ class RunningWorker:
 
 
 @contextmanager
-def running_worker(tmp_path: Path, **env: str) -> Iterator[RunningWorker]:
-    """Run `celery -A nexus worker` (threads, 4 at once) until the block ends."""
+def running_worker(tmp_path: Path, *, beat: bool = False, **env: str) -> Iterator[RunningWorker]:
+    """Run `celery -A nexus worker` (threads, 4 at once) until the block ends.
+
+    beat: also run the beat scheduler in it (`--beat`), as `make run` does, so the periodic
+    tasks of `CELERY_BEAT_SCHEDULE` run on their own; its state file is kept under tmp_path.
+    """
     name = f"test-{uuid.uuid4().hex[:8]}@{REPO_ROOT.name}"
     log_path = tmp_path / f"worker-{name.partition('@')[0]}.log"
     command = [
@@ -61,6 +65,9 @@ def running_worker(tmp_path: Path, **env: str) -> Iterator[RunningWorker]:
         "--concurrency", "4", "--without-heartbeat", "--without-mingle", "--without-gossip",
         "-l", "INFO", "-n", name,
     ]  # fmt: skip
+    if beat:
+        # Its own schedule file: the data dir's may belong to another worker with beat.
+        command += ["--beat", "--schedule", str(tmp_path / f"beat-{name.partition('@')[0]}")]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             command,

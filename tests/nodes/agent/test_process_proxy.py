@@ -361,7 +361,7 @@ def test_a_process_that_has_ended_is_not_running(node: Node) -> None:
 
     for process, state in ((exited, "exited"), (stopped, "stopped")):
         response = node.http.post(node.url(process, "/v1/chat/completions"), json={})
-        message = assert_error(response, 409, "process_not_running")
+        message = assert_error(response, 503, "process_not_running")
         assert message == f"process {process['id']} is {state}, not running"
 
 

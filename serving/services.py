@@ -1,0 +1,527 @@
+"""Model services: declare one, change it (a new revision), scale it, delete it; read its state.
+
+These functions only record what is wanted. The reconciler (`serving.reconciler`) makes it so:
+it places and starts replicas, rolls out the latest revision and finishes a delete. Every check
+runs before anything is written, and every problem is reported at once, so a refused call leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import IntegrityError, models, transaction
+from django.db.models import Count, Max, Q, QuerySet
+from django.template.defaultfilters import pluralize
+
+from nexus.models import ConfigVersion
+from pools.models import Pool
+from serving.defaults import DEFAULT_GROUP
+from serving.definitions import parse_memory
+from serving.definitions.command_import import DEFAULT_MOUNT
+from serving.definitions.values import key_path
+from serving.launch import CUSTOM, Launch, LaunchError, LaunchProblem, resolve_launch
+from serving.models import (
+    ModelFolder,
+    ResourceGroup,
+    ResourcePreset,
+    Revision,
+    Route,
+    RouteState,
+    Service,
+    ServiceLifecycle,
+)
+from serving.replicas import clear_errors_and_retry
+
+NAME_MAX_LENGTH = 64
+MAX_REPLICAS = 64
+PROJECT_MAX_LENGTH = 100
+# Django's slug: the name is a URL path segment (/serve/<name>/) and the managed pool's slug.
+_SLUG = re.compile(r"[-A-Za-z0-9_]+")
+# What a revision is made of; a change to any of them makes a new revision.
+LAUNCH_FIELDS = (
+    "model_folder",
+    "runtime_variant",
+    "mount_destination",
+    "model_definition_path",
+    "command",
+    "environ",
+    "resource_group",
+    "preset",
+    "resource_slots",
+)
+# The service's own settings: changing them makes no revision.
+SERVICE_FIELDS = ("desired_replicas", "open_to_public")
+M = TypeVar("M", bound=models.Model)
+
+
+class ServiceError(LaunchError):
+    """A refused service operation, with every problem at its field or file path."""
+
+    status_code = 400
+
+
+class ServiceGone(ServiceError):
+    """The service is being destroyed, or is destroyed: it cannot change any more."""
+
+    status_code = 409
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked service declaration: everything `create_service` writes."""
+
+    name: str
+    project: str
+    owner: AbstractBaseUser | None
+    open_to_public: bool
+    desired_replicas: int
+    model_folder: ModelFolder
+    resource_group: ResourceGroup
+    preset: ResourcePreset | None
+    resource_slots: dict[str, int | float]
+    launch: Launch
+    runtime_variant: str
+    model_definition_path: str
+    command: str
+    environ: dict[str, str]
+
+
+def check_service(
+    *,
+    name: str,
+    model_folder: ModelFolder | str | None,
+    runtime_variant: str,
+    project: str = "default",
+    owner: AbstractBaseUser | None = None,
+    open_to_public: bool = False,
+    desired_replicas: int = 1,
+    mount_destination: str = DEFAULT_MOUNT,
+    model_definition_path: str = "",
+    command: str = "",
+    environ: Mapping[str, str] | None = None,
+    resource_group: ResourceGroup | str | None = DEFAULT_GROUP,
+    preset: ResourcePreset | str | None = None,
+    resource_slots: Mapping[str, Any] | None = None,
+) -> Plan:
+    """Return the checked declaration of a new service; raise ServiceError with every problem.
+
+    Model folder, resource group and preset may be given as objects or by name.
+    """
+    problems: list[LaunchProblem] = []
+    _check_name(name, problems)
+    _check_project(project, problems)
+    _check_replicas(desired_replicas, problems)
+    folder = _by_name(ModelFolder, model_folder, "model_folder", "model folder", problems)
+    group = _by_name(ResourceGroup, resource_group, "resource_group", "resource group", problems)
+    chosen_preset = _by_name(ResourcePreset, preset, "preset", "resource preset", problems, True)
+    slots = _checked_slots(resource_slots, problems)
+    launch = None
+    if folder is not None:
+        launch = _resolve(
+            problems,
+            model_folder=folder,
+            runtime_variant=runtime_variant,
+            mount_destination=mount_destination,
+            model_definition_path=model_definition_path,
+            command=command,
+            environ=environ,
+        )
+    if problems:
+        raise ServiceError(problems)
+    assert folder is not None and group is not None and launch is not None
+    return Plan(
+        name=name,
+        project=project,
+        owner=owner,
+        open_to_public=bool(open_to_public),
+        desired_replicas=desired_replicas,
+        model_folder=folder,
+        resource_group=group,
+        preset=chosen_preset,
+        resource_slots=_merged_slots(launch, chosen_preset, slots),
+        launch=launch,
+        runtime_variant=runtime_variant,
+        model_definition_path=model_definition_path.strip(),
+        command=command.strip(),
+        environ=dict(environ or {}),
+    )
+
+
+def create_service(**declaration: Any) -> Service:
+    """Create a service with its first revision, once every setting checks out.
+
+    Takes `check_service`'s arguments. The service and revision 1 (its spec resolved) are
+    written in one transaction: on any error neither exists.
+    """
+    plan = check_service(**declaration)
+    try:
+        with transaction.atomic():
+            service = Service.objects.create(
+                name=plan.name,
+                project=plan.project,
+                owner=plan.owner,
+                open_to_public=plan.open_to_public,
+                desired_replicas=plan.desired_replicas,
+                status_message="Waiting for the first replicas.",
+            )
+            revision = _new_revision(
+                service,
+                1,
+                plan.owner,
+                model_folder=plan.model_folder,
+                runtime_variant=plan.runtime_variant,
+                model_definition_path=plan.model_definition_path,
+                command=plan.command,
+                environ=plan.environ,
+                resource_group=plan.resource_group,
+                preset=plan.preset,
+                resource_slots=plan.resource_slots,
+                launch=plan.launch,
+            )
+            service.latest_revision = revision
+            service.save(update_fields=["latest_revision"])
+    except IntegrityError:
+        # Another request created a service of this name since the check.
+        raise ServiceError([_name_taken(plan.name)]) from None
+    return service
+
+
+def update_service(
+    service: Service, *, actor: AbstractBaseUser | None = None, **changes: Any
+) -> Revision:
+    """Apply changes to a service and return its latest revision.
+
+    A change to any launch setting (`LAUNCH_FIELDS`) makes a new immutable revision, which the
+    reconciler rolls out; replicas and public access are the service's own and make none.
+    Resource slots are kept unless the change names a preset or slots. Nothing is written
+    unless every change checks out.
+    """
+    unknown = sorted(set(changes) - set(LAUNCH_FIELDS) - set(SERVICE_FIELDS))
+    if unknown:
+        raise TypeError(f"update_service() got unknown settings: {', '.join(unknown)}")
+    _check_alive(service)
+    latest = service.latest_revision
+    assert latest is not None, "every service is created with its first revision"
+    problems: list[LaunchProblem] = []
+    replicas = changes.get("desired_replicas", service.desired_replicas)
+    _check_replicas(replicas, problems)
+    settings = _changed_settings(latest, changes, problems)
+    launch = None
+    if settings is not None and settings != _settings_of(latest):
+        launch = _resolve(
+            problems,
+            **{
+                key: settings[key]
+                for key in (
+                    "model_folder",
+                    "runtime_variant",
+                    "mount_destination",
+                    "model_definition_path",
+                    "command",
+                    "environ",
+                )
+            },
+        )
+    if problems:
+        raise ServiceError(problems)
+    public = bool(changes.get("open_to_public", service.open_to_public))
+    with transaction.atomic():
+        # The row lock serialises revision numbers between concurrent updates.
+        locked = Service.objects.select_for_update().get(pk=service.pk)
+        _check_alive(locked)
+        if launch is not None and settings is not None:
+            number = (locked.revisions.aggregate(last=Max("number"))["last"] or 0) + 1
+            slots = settings["resource_slots"]
+            if "preset" in changes or "resource_slots" in changes:
+                # A new preset replaces the old slots, unless slots are given with it.
+                given = slots if "resource_slots" in changes else {}
+                slots = _merged_slots(launch, settings["preset"], given)
+            revision = _new_revision(
+                locked, number, actor, launch=launch, **{**settings, "resource_slots": slots}
+            )
+            locked.latest_revision = revision
+        public_changed = locked.open_to_public != public
+        locked.desired_replicas = replicas
+        locked.open_to_public = public
+        locked.save()
+        if public_changed:
+            # The gateway decides per request whether a token is needed, from its snapshot.
+            ConfigVersion.bump()
+    service.refresh_from_db()
+    assert service.latest_revision is not None
+    return service.latest_revision
+
+
+def scale_service(service: Service, replicas: int) -> Service:
+    """Set how many replicas the service keeps; the reconciler starts or stops the difference."""
+    update_service(service, desired_replicas=replicas)
+    return service
+
+
+def delete_service(service: Service) -> Service:
+    """Mark the service for destruction; the reconciler drains, stops and marks it destroyed."""
+    if service.lifecycle == ServiceLifecycle.DESTROYED:
+        raise ServiceGone([LaunchProblem("", "", f"the service {service.name!r} is destroyed")])
+    with transaction.atomic():
+        claimed = Service.objects.filter(pk=service.pk, lifecycle=ServiceLifecycle.ACTIVE).update(
+            lifecycle=ServiceLifecycle.DESTROYING,
+            status_message="Destroying: draining and stopping the replicas.",
+        )
+        if claimed:
+            # Its managed pool stops taking requests from the gateway's next snapshot on.
+            ConfigVersion.bump()
+    service.refresh_from_db()
+    return service
+
+
+def clear_route_errors(route: Route) -> Route:
+    """Forget the route's errors and let the reconciler start it again at once."""
+    clear_errors_and_retry(route)
+    route.refresh_from_db()
+    return route
+
+
+# Reading a service's state
+
+
+def with_ready_counts(services: QuerySet[Service]) -> QuerySet[Service]:
+    """Return the services annotated with `ready_replicas`, their HEALTHY routes."""
+    return services.annotate(
+        ready_replicas=Count("routes", filter=Q(routes__state=RouteState.HEALTHY))
+    )
+
+
+def ready_replicas(service: Service) -> int:
+    """Return how many of the service's replicas take traffic now."""
+    annotated = getattr(service, "ready_replicas", None)
+    if annotated is not None:
+        return int(annotated)
+    return service.routes.filter(state=RouteState.HEALTHY).count()
+
+
+def status_text(service: Service) -> str:
+    """Return the service's readiness in words: "2 of 3 replicas ready"."""
+    if service.lifecycle == ServiceLifecycle.DESTROYED:
+        return "Destroyed"
+    desired = service.desired_replicas
+    return f"{ready_replicas(service)} of {desired} replica{pluralize(desired)} ready"
+
+
+def in_tab(services: QuerySet[Service], tab: str) -> QuerySet[Service]:
+    """Return the services of a list tab: "active" (also those being destroyed) or "destroyed"."""
+    if tab == "destroyed":
+        return services.filter(lifecycle=ServiceLifecycle.DESTROYED)
+    return services.exclude(lifecycle=ServiceLifecycle.DESTROYED)
+
+
+def shown_routes(service: Service) -> QuerySet[Route]:
+    """Return the routes worth showing: every one not terminated, and those with errors left."""
+    return (
+        service.routes.exclude(Q(state=RouteState.TERMINATED) & Q(errors=[]))
+        .select_related("node", "revision")
+        .order_by("id")
+    )
+
+
+def find_service(name: str) -> Service | None:
+    """Return the service of that name: the live one, else the latest destroyed one."""
+    named = Service.objects.filter(name=name).select_related(
+        "owner",
+        *(
+            f"{revision}__{related}"
+            for revision in ("latest_revision", "running_revision")
+            for related in ("model_folder", "resource_group", "preset")
+        ),
+    )
+    alive = named.exclude(lifecycle=ServiceLifecycle.DESTROYED).first()
+    return alive or named.order_by("-created_at", "-id").first()
+
+
+# Checks
+
+
+def _check_name(name: object, problems: list[LaunchProblem]) -> None:
+    """Record a name that is not a free slug of at most 64 characters."""
+    if not isinstance(name, str) or not name:
+        message = "required"
+    elif len(name) > NAME_MAX_LENGTH:
+        message = f"has at most {NAME_MAX_LENGTH} characters"
+    elif not _SLUG.fullmatch(name):
+        message = "may hold only letters, digits, '-' and '_' (it is part of the URL)"
+    elif Service.objects.filter(name=name).exclude(lifecycle=ServiceLifecycle.DESTROYED).exists():
+        problems.append(_name_taken(name))
+        return
+    elif Pool.objects.filter(slug=name, managed=False).exists():
+        message = (
+            f"the pool {name!r} has this slug; a service's pool takes the service's name, "
+            "so choose another"
+        )
+    else:
+        return
+    problems.append(LaunchProblem("", "name", message))
+
+
+def _name_taken(name: str) -> LaunchProblem:
+    return LaunchProblem("", "name", f"a service named {name!r} exists")
+
+
+def _check_project(project: object, problems: list[LaunchProblem]) -> None:
+    if not isinstance(project, str) or not project.strip():
+        problems.append(LaunchProblem("", "project", "required"))
+    elif len(project) > PROJECT_MAX_LENGTH:
+        message = f"has at most {PROJECT_MAX_LENGTH} characters"
+        problems.append(LaunchProblem("", "project", message))
+
+
+def _check_replicas(replicas: object, problems: list[LaunchProblem]) -> None:
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        problems.append(LaunchProblem("", "desired_replicas", "must be an integer"))
+    elif not 0 <= replicas <= MAX_REPLICAS:
+        message = f"must be between 0 and {MAX_REPLICAS}, not {replicas}"
+        problems.append(LaunchProblem("", "desired_replicas", message))
+
+
+def _check_alive(service: Service) -> None:
+    if service.lifecycle != ServiceLifecycle.ACTIVE:
+        state = service.get_lifecycle_display().lower()
+        message = f"the service {service.name!r} is {state}; it cannot change any more"
+        raise ServiceGone([LaunchProblem("", "", message)])
+
+
+def _by_name(
+    model: type[M],
+    value: M | str | None,
+    path: str,
+    noun: str,
+    problems: list[LaunchProblem],
+    optional: bool = False,
+) -> M | None:
+    """Return the object given, or the one of that name; record a name that finds none."""
+    if isinstance(value, model):
+        return value
+    if value is None or value == "":
+        if not optional:
+            problems.append(LaunchProblem("", path, "required"))
+        return None
+    found = model._default_manager.filter(name=value).first() if isinstance(value, str) else None
+    if found is None:
+        problems.append(LaunchProblem("", path, f"no {noun} named {value!r}"))
+    return found
+
+
+def _checked_slots(
+    slots: Mapping[str, Any] | None, problems: list[LaunchProblem]
+) -> dict[str, int | float]:
+    """Return slot amounts as numbers (`mem` in bytes, "8gb" allowed); record the unusable."""
+    if slots is None:
+        return {}
+    if not isinstance(slots, Mapping):
+        problems.append(LaunchProblem("", "resource_slots", "must be a mapping of slot amounts"))
+        return {}
+    checked: dict[str, int | float] = {}
+    for name, amount in slots.items():
+        path = key_path("resource_slots", name)
+        if name == "mem" and isinstance(amount, str):
+            try:
+                checked[name] = parse_memory(amount)
+            except ValueError:
+                problems.append(LaunchProblem("", path, 'must be a size like "8gb" or "512m"'))
+            continue
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
+            problems.append(LaunchProblem("", path, "must be a number, 0 or more"))
+            continue
+        checked[name] = int(amount) if float(amount).is_integer() else amount
+    return checked
+
+
+def _merged_slots(
+    launch: Launch, preset: ResourcePreset | None, given: Mapping[str, int | float]
+) -> dict[str, int | float]:
+    """Return the slots a replica reserves: given slots over the preset's over the folder's."""
+    return {**launch.resource_slots, **(preset.slots() if preset else {}), **given}
+
+
+def _resolve(problems: list[LaunchProblem], **settings: Any) -> Launch | None:
+    """Return the resolved launch, adding its problems to `problems` instead of raising."""
+    try:
+        return resolve_launch(**settings)
+    except LaunchError as refused:
+        problems.extend(refused.problems)
+        return None
+
+
+def _settings_of(revision: Revision) -> dict[str, Any]:
+    """Return a revision's launch settings, as `_changed_settings` returns them."""
+    return {
+        "model_folder": revision.model_folder,
+        "runtime_variant": revision.runtime_variant,
+        "mount_destination": revision.mount_destination,
+        "model_definition_path": revision.model_definition_path,
+        "command": revision.command,
+        "environ": dict(revision.environ),
+        "resource_group": revision.resource_group,
+        "preset": revision.preset,
+        "resource_slots": dict(revision.resource_slots),
+    }
+
+
+def _changed_settings(
+    latest: Revision, changes: Mapping[str, Any], problems: list[LaunchProblem]
+) -> dict[str, Any] | None:
+    """Return the latest revision's launch settings with the changes applied, all checked."""
+    settings = _settings_of(latest)
+    before = len(problems)
+    for key in LAUNCH_FIELDS:
+        if key not in changes:
+            continue
+        value = changes[key]
+        if key == "model_folder":
+            value = _by_name(ModelFolder, value, key, "model folder", problems)
+        elif key == "resource_group":
+            value = _by_name(ResourceGroup, value, key, "resource group", problems)
+        elif key == "preset":
+            value = _by_name(ResourcePreset, value, key, "resource preset", problems, True)
+        elif key == "resource_slots":
+            value = _checked_slots(value, problems)
+        elif key == "environ":
+            value = dict(value or {})
+        elif isinstance(value, str):
+            value = value.strip()
+        settings[key] = value
+    if "runtime_variant" in changes and changes["runtime_variant"] != CUSTOM:
+        # What only Custom takes is dropped when the variant changes, unless given again.
+        for key in ("command", "model_definition_path"):
+            settings[key] = changes.get(key, "")
+    # Giving one of Custom's two modes switches to it: the other is dropped unless given too.
+    for given, other in (
+        ("command", "model_definition_path"),
+        ("model_definition_path", "command"),
+    ):
+        if str(changes.get(given) or "").strip() and other not in changes:
+            settings[other] = ""
+    return None if len(problems) > before else settings
+
+
+def _new_revision(
+    service: Service,
+    number: int,
+    actor: AbstractBaseUser | None,
+    *,
+    launch: Launch,
+    **settings: Any,
+) -> Revision:
+    """Create revision `number` of the service from checked settings and their launch."""
+    settings.pop("mount_destination", None)
+    return Revision.objects.create(
+        service=service,
+        number=number,
+        mount_destination=launch.mount_destination,
+        spec=launch.spec,
+        created_by=actor,
+        **settings,
+    )
