@@ -2,41 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.middleware import HtmxDetails
 
 from deployments import services
 from deployments.forms import DeploymentForm
 from deployments.models import Deployment
+from nexus.pages import HtmxHttpRequest, render_page_or_fragment, staff_required
 
 DETAIL = "deployments/deployment_detail.html"
 LIVE_SECTION = f"{DETAIL}#deployment-live"
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Refuse anyone but staff (403), as the API refuses their writes."""
-
-    @wraps(view)
-    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_staff:
-            raise PermissionDenied("Only staff may start or retry deployments.")
-        return view(request, *args, **kwargs)
-
-    return login_required(checked)
 
 
 def deployment_with_nodes(pk: int) -> Deployment:
@@ -53,7 +32,7 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required
+@staff_required("start or retry deployments")
 def deployment_create(request: HttpRequest) -> HttpResponse:
     """Show the form; on a valid post create the deployment and go to its page."""
     form = DeploymentForm(request.POST or None)
@@ -72,13 +51,11 @@ def deployment_create(request: HttpRequest) -> HttpResponse:
 def deployment_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Render a deployment with one row per node, or only its live section for htmx."""
     context = {"deployment": deployment_with_nodes(pk)}
-    response = render(request, LIVE_SECTION if request.htmx else DETAIL, context)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_page_or_fragment(request, DETAIL, LIVE_SECTION, context)
 
 
 @require_POST
-@staff_required
+@staff_required("start or retry deployments")
 def deployment_retry(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Retry the failed nodes; htmx gets the live section back with a notice, others a redirect."""
     deployment = deployment_with_nodes(pk)

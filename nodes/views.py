@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.middleware import HtmxDetails
 
+from nexus.pages import HtmxHttpRequest, render_page_or_fragment, staff_required
 from nodes import services
 from nodes.forms import NodeAddForm
 from nodes.models import Node, NodeTrust
@@ -24,22 +20,6 @@ NODE_LIST = "nodes/node_list.html"
 NODES_TABLE = f"{NODE_LIST}#nodes-table"
 NODE_DETAIL = "nodes/node_detail.html"
 NODE_STATE = f"{NODE_DETAIL}#node-state"
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Refuse anyone but staff (403), as the API refuses their writes."""
-
-    @wraps(view)
-    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_staff:
-            raise PermissionDenied("Only staff may change nodes.")
-        return view(request, *args, **kwargs)
-
-    return login_required(checked)
 
 
 def fleet() -> QuerySet[Node]:
@@ -52,13 +32,11 @@ def fleet() -> QuerySet[Node]:
 def node_list(request: HtmxHttpRequest) -> HttpResponse:
     """Render the fleet, or only its table for an htmx request."""
     context = {"nodes": fleet(), "section": "nodes"}
-    response = render(request, NODES_TABLE if request.htmx else NODE_LIST, context)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_page_or_fragment(request, NODE_LIST, NODES_TABLE, context)
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required
+@staff_required("change nodes")
 def node_add(request: HttpRequest) -> HttpResponse:
     """Show the form; on a valid post prove the agent's identity and show its fingerprint."""
     form = NodeAddForm(request.POST or None)
@@ -74,7 +52,7 @@ def node_add(request: HttpRequest) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required
+@staff_required("change nodes")
 def node_confirm(request: HttpRequest, name: str) -> HttpResponse:
     """Show the fingerprint to compare; a post confirms it (the one shown, so it must match)."""
     node = get_object_or_404(Node, name=name)
@@ -92,7 +70,7 @@ def node_confirm(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@staff_required("change nodes")
 def node_reject(request: HttpRequest, name: str) -> HttpResponse:
     """Refuse the node: no traffic and no work."""
     node = services.reject_node(get_object_or_404(Node, name=name))
@@ -105,13 +83,11 @@ def node_reject(request: HttpRequest, name: str) -> HttpResponse:
 def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a node's identity, resources, metrics and inventory (its state only, for htmx)."""
     node = get_object_or_404(Node.objects.prefetch_related("models"), name=name)
-    response = render(request, NODE_STATE if request.htmx else NODE_DETAIL, _detail(node))
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_page_or_fragment(request, NODE_DETAIL, NODE_STATE, _detail(node))
 
 
 @require_POST
-@staff_required
+@staff_required("change nodes")
 def node_refresh(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Read the node now; answer htmx with the refreshed state, anyone else with a redirect."""
     node = services.refresh_node(get_object_or_404(Node, name=name))

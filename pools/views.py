@@ -8,18 +8,13 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET
-from django_htmx.middleware import HtmxDetails
 
+from nexus.pages import HtmxHttpRequest, render_page_or_fragment
 from pools.models import Pool
 
 POOL_LIST = "pools/pool_list.html"
 POOLS_TABLE = f"{POOL_LIST}#pools-table"
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
 
 
 def pools_table_context() -> dict[str, Any]:
@@ -32,9 +27,7 @@ def pools_table_context() -> dict[str, Any]:
 @login_required
 def pool_list(request: HtmxHttpRequest) -> HttpResponse:
     """Render the pools page, or only its table for an htmx request."""
-    response = render(request, POOLS_TABLE if request.htmx else POOL_LIST, pools_table_context())
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_page_or_fragment(request, POOL_LIST, POOLS_TABLE, pools_table_context())
 
 
 @require_GET

@@ -161,28 +161,6 @@ class _Defaults:
     image: str | None = None
 
 
-def resolve_spec(
-    *,
-    model_folder: ModelFolder,
-    runtime_variant: str,
-    mount_destination: str = DEFAULT_MOUNT,
-    model_definition_path: str = "",
-    command: str = "",
-    environ: Mapping[str, str] | None = None,
-    model_name: str = "",
-) -> dict[str, Any]:
-    """Return the revision spec for these launcher settings; raise LaunchError listing why not."""
-    return resolve_launch(
-        model_folder=model_folder,
-        runtime_variant=runtime_variant,
-        mount_destination=mount_destination,
-        model_definition_path=model_definition_path,
-        command=command,
-        environ=environ,
-        model_name=model_name,
-    ).spec
-
-
 def resolve_launch(
     *,
     model_folder: ModelFolder,

@@ -42,18 +42,17 @@ MAX_REPLICAS = 64
 PROJECT_MAX_LENGTH = 100
 # Django's slug: the name is a URL path segment (/serve/<name>/) and the managed pool's slug.
 _SLUG = re.compile(r"[-A-Za-z0-9_]+")
-# What a revision is made of; a change to any of them makes a new revision.
-LAUNCH_FIELDS = (
+# The launch settings resolve_launch reads to make the revision's spec.
+RESOLVED_FIELDS = (
     "model_folder",
     "runtime_variant",
     "mount_destination",
     "model_definition_path",
     "command",
     "environ",
-    "resource_group",
-    "preset",
-    "resource_slots",
 )
+# What a revision is made of; a change to any of them makes a new revision.
+LAUNCH_FIELDS = (*RESOLVED_FIELDS, "resource_group", "preset", "resource_slots")
 # The service's own settings: changing them makes no revision.
 SERVICE_FIELDS = ("desired_replicas", "open_to_public")
 M = TypeVar("M", bound=models.Model)
@@ -213,20 +212,7 @@ def update_service(
     settings = _changed_settings(latest, changes, problems)
     launch = None
     if settings is not None and settings != _settings_of(latest):
-        launch = _resolve(
-            problems,
-            **{
-                key: settings[key]
-                for key in (
-                    "model_folder",
-                    "runtime_variant",
-                    "mount_destination",
-                    "model_definition_path",
-                    "command",
-                    "environ",
-                )
-            },
-        )
+        launch = _resolve(problems, **{key: settings[key] for key in RESOLVED_FIELDS})
     if problems:
         raise ServiceError(problems)
     public = bool(changes.get("open_to_public", service.open_to_public))

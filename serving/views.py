@@ -7,15 +7,14 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import filesizeformat
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.middleware import HtmxDetails
 
+from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from serving import folders, services, tokens
 from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm
 from serving.launch import LaunchError, LaunchProblem
@@ -33,16 +32,6 @@ VARIANT_FIELDS = f"{SERVICE_NEW}#variant-fields"
 SERVICE_STATUS = "serving/service_detail.html#service-status"
 
 
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-def require_staff(request: HttpRequest, doing: str = "change model folders") -> None:
-    """Refuse a change by someone who is not staff."""
-    if not request.user.is_staff:
-        raise PermissionDenied(f"Only staff may {doing}.")
-
-
 def files_context(folder: ModelFolder) -> dict[str, Any]:
     """Return what the files-table partial needs: the listing, or why there is none."""
     try:
@@ -58,7 +47,7 @@ def model_folder_list(request: HtmxHttpRequest) -> HttpResponse:
     form = ModelFolderForm()
     created = None
     if request.method == "POST":
-        require_staff(request)
+        require_staff(request, "change model folders")
         form = ModelFolderForm(request.POST)
         if form.is_valid():
             try:
@@ -77,9 +66,7 @@ def model_folder_list(request: HtmxHttpRequest) -> HttpResponse:
         "created": created,
         "folders": ModelFolder.objects.select_related("owner"),
     }
-    response = render(request, FOLDERS_SECTION if request.htmx else FOLDER_LIST, context)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_page_or_fragment(request, FOLDER_LIST, FOLDERS_SECTION, context)
 
 
 @require_GET
@@ -88,9 +75,7 @@ def model_folder_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a folder with its files, or only the files table for an htmx request."""
     folder = get_object_or_404(ModelFolder.objects.select_related("owner"), name=name)
     context = {"section": SECTION, **files_context(folder)}
-    response = render(request, FILES_TABLE if request.htmx else FOLDER_DETAIL, context)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_page_or_fragment(request, FOLDER_DETAIL, FILES_TABLE, context)
 
 
 # Exempt here, checked in store_upload: the CSRF check reads the body, and the upload handler
@@ -101,7 +86,7 @@ def model_folder_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def model_folder_upload(request: HttpRequest, name: str) -> HttpResponse:
     """Store an uploaded file in the folder, then show the folder."""
     folder = get_object_or_404(ModelFolder, name=name)
-    require_staff(request)
+    require_staff(request, "change model folders")
     upload = folders.FolderUploadHandler(folder, request)
     request.upload_handlers = [upload]
     try:
@@ -144,7 +129,7 @@ def model_file(request: HttpRequest, name: str, path: str) -> HttpResponse:
 def model_file_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Delete a file (or directory) of the folder; answer htmx with the refreshed files table."""
     folder = get_object_or_404(ModelFolder, name=name)
-    require_staff(request)
+    require_staff(request, "change model folders")
     relative = request.POST.get("path", "")
     try:
         folders.delete_path(folder, relative)
@@ -164,7 +149,7 @@ def model_file_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def model_folder_delete(request: HttpRequest, name: str) -> HttpResponse:
     """Ask to confirm deleting the folder; delete it, with its files, on POST."""
     folder = get_object_or_404(ModelFolder, name=name)
-    require_staff(request)
+    require_staff(request, "change model folders")
     if request.method == "POST":
         folders.delete_folder(folder)
         messages.success(request, f"Deleted model folder {name} and its files.")
@@ -284,10 +269,9 @@ def service_context(service: Service) -> dict[str, Any]:
 def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a service, or only its live status section for an htmx request."""
     service = service_or_404(name)
-    template = SERVICE_STATUS if request.htmx else "serving/service_detail.html"
-    response = render(request, template, service_context(service))
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_page_or_fragment(
+        request, "serving/service_detail.html", SERVICE_STATUS, service_context(service)
+    )
 
 
 @require_POST

@@ -5,57 +5,27 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
-from django.db import connection
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from deployments import services
 from deployments.models import Deployment, DeploymentNode
 from nodes import services as node_services
 from tests.nexus.factories import make_user
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.fileserver import serving_file
 from tests.support.live import LiveServer, running_nexus
 from tests.support.worker import running_worker
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PASSWORD = "a long enough password"
 MIB = 1024 * 1024
 SCREENSHOT = Path("/tmp/nexus-deployment-page.png")
-T = TypeVar("T")
-
-
-def committed(work: Callable[[], T]) -> T:
-    """Run database work in its own thread and connection.
-
-    Playwright's sync API keeps an event loop running in the test's thread, where Django refuses
-    synchronous database calls; writes made here are committed at once for the server to see.
-    """
-
-    def run() -> T:
-        try:
-            return work()
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(max_workers=1) as executor:
-        return executor.submit(run).result()
 
 
 @dataclass
@@ -90,25 +60,6 @@ def world(transactional_db: None, tmp_path: Path) -> Iterator[World]:
         yield World(nexus, agent, deployment, deployment.nodes.get())
 
 
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)."
-        )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    yield context.new_page()
-    context.close()
-
-
 def progress_value(page: Page, selector: str) -> float:
     return float(page.eval_on_selector(selector, "bar => bar.value"))
 
@@ -116,12 +67,7 @@ def progress_value(page: Page, selector: str) -> float:
 def test_the_progress_bar_moves_live_and_retry_brings_back_a_crashed_node(
     world: World, page: Page, tmp_path: Path
 ) -> None:
-    detail = f"{world.nexus.url}/deployments/{world.deployment.pk}/"
-    page.goto(detail)
-    page.get_by_label("Username").fill("owner")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page).to_have_url(detail)
+    sign_in(page, world.nexus, f"/deployments/{world.deployment.pk}/")
     expect(page.locator("[data-live-status]")).to_have_text("Live")
     page.evaluate("window.loadedOnce = true")
     row = page.locator(f"#deployment-node-{world.row.pk}")

@@ -7,23 +7,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from tests.nexus.factories import make_user
+from tests.support.browser import PASSWORD, sign_in
 from tests.support.live import LiveServer, running_nexus
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PASSWORD = "a long enough password"
 MODEL_DEFINITION = """models:
   - name: llama
     model_path: /models
@@ -51,40 +42,12 @@ def nexus(transactional_db: None, tmp_path: Path, data_dir: Path) -> Iterator[Li
         yield server
 
 
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)."
-        )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    yield context.new_page()
-    context.close()
-
-
-def sign_in(page: Page, nexus: LiveServer) -> None:
-    page.goto(f"{nexus.url}/serving/models/")
-    expect(page).to_have_url(f"{nexus.url}/login/?next=/serving/models/")
-    page.get_by_label("Username").fill("owner")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page).to_have_url(f"{nexus.url}/serving/models/")
-
-
 def test_an_owner_creates_a_folder_uploads_views_and_deletes_a_model_definition(
     nexus: LiveServer, page: Page, data_dir: Path, tmp_path: Path
 ) -> None:
     definition = tmp_path / "model-definition.yaml"
     definition.write_text(MODEL_DEFINITION)
-    sign_in(page, nexus)
+    sign_in(page, nexus, "/serving/models/")
     expect(page.get_by_text("No model folders yet.")).to_be_visible()
 
     # Create: htmx swaps in the table with the new folder, without reloading the page.

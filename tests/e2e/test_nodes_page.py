@@ -6,13 +6,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, ViewportSize, expect
 
 from nodes.models import Node
-from tests.e2e.test_pools_page import CHROMIUM, CHROMIUM_ARGS, PASSWORD, committed
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import SIM_MODEL, agent_args, serve_simulator
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
 
 pytestmark = pytest.mark.e2e
@@ -35,33 +35,15 @@ def nexus(transactional_db: None, tmp_path: Path) -> Iterator[LiveServer]:
 
 
 @pytest.fixture
-def page(nexus: LiveServer) -> Iterator[Page]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)."
-        )
-    with sync_playwright() as playwright:
-        browser: Browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS
-        )
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        yield context.new_page()
-        context.close()
-        browser.close()
-
-
-def sign_in(page: Page, nexus: LiveServer) -> None:
-    page.goto(f"{nexus.url}/nodes/")
-    page.get_by_label("Username").fill("owner")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page).to_have_url(f"{nexus.url}/nodes/")
+def viewport() -> ViewportSize:
+    """Return a window taller than the default one."""
+    return {"width": 1280, "height": 900}
 
 
 def test_an_owner_adds_an_agent_compares_its_fingerprint_and_sees_its_models(
     nexus: LiveServer, agent: RunningAgent, page: Page
 ) -> None:
-    sign_in(page, nexus)
+    sign_in(page, nexus, "/nodes/")
     expect(page.get_by_text("No nodes yet.")).to_be_visible()
 
     page.get_by_role("link", name="Add node").click()
@@ -101,7 +83,7 @@ def test_an_owner_adds_an_agent_compares_its_fingerprint_and_sees_its_models(
 def test_a_wrong_credential_is_explained_on_the_form(
     nexus: LiveServer, agent: RunningAgent, page: Page
 ) -> None:
-    sign_in(page, nexus)
+    sign_in(page, nexus, "/nodes/")
     page.goto(f"{nexus.url}/nodes/add/")
     page.get_by_label("Name").fill("gpu-box")
     page.get_by_label("Address").fill(agent.url)

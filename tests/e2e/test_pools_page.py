@@ -2,50 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
-from django.db import connection
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from tests.nexus.factories import make_pool, make_target, make_user
+from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PASSWORD = "a long enough password"
 PROVIDER_KEY = "sk-provider-0123456789abcdef"
 SCREENSHOT = Path("/tmp/nexus-pools-page.png")
-T = TypeVar("T")
-
-
-def committed(work: Callable[[], T]) -> T:
-    """Run database work in its own thread and connection.
-
-    Playwright's sync API keeps an event loop running in the test's thread, where Django refuses
-    synchronous database calls; writes made here are committed at once for the server to see.
-    """
-
-    def run() -> T:
-        try:
-            return work()
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(max_workers=1) as executor:
-        return executor.submit(run).result()
 
 
 @pytest.fixture
@@ -58,38 +28,10 @@ def nexus(transactional_db: None, tmp_path: Path) -> Iterator[LiveServer]:
         yield server
 
 
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)."
-        )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    yield context.new_page()
-    context.close()
-
-
-def sign_in(page: Page, nexus: LiveServer) -> None:
-    page.goto(f"{nexus.url}/pools/")
-    expect(page).to_have_url(f"{nexus.url}/login/?next=/pools/")
-    page.get_by_label("Username").fill("teammate")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page).to_have_url(f"{nexus.url}/pools/")
-
-
 def test_the_pages_scripts_and_styles_are_served_by_nexus_itself(
     nexus: LiveServer, page: Page
 ) -> None:
-    sign_in(page, nexus)
+    sign_in(page, nexus, "/pools/", username="teammate")
 
     assets = page.eval_on_selector_all(
         "script[src], link[rel=stylesheet]", "nodes => nodes.map(n => n.src || n.href)"
@@ -108,7 +50,7 @@ def test_the_pages_scripts_and_styles_are_served_by_nexus_itself(
 def test_a_teammate_signs_in_and_sees_each_pool_with_its_targets(
     nexus: LiveServer, page: Page
 ) -> None:
-    sign_in(page, nexus)
+    sign_in(page, nexus, "/pools/", username="teammate")
 
     chat = page.locator("#pool-chat")
     expect(chat.get_by_role("heading", name="Chat models")).to_be_visible()
@@ -120,7 +62,7 @@ def test_a_teammate_signs_in_and_sees_each_pool_with_its_targets(
 
 
 def test_refresh_swaps_the_table_without_reloading_the_page(nexus: LiveServer, page: Page) -> None:
-    sign_in(page, nexus)
+    sign_in(page, nexus, "/pools/", username="teammate")
     page.evaluate("window.loadedOnce = true")
 
     with page.expect_response(lambda r: r.request.headers.get("hx-request") == "true"):
@@ -131,7 +73,7 @@ def test_refresh_swaps_the_table_without_reloading_the_page(nexus: LiveServer, p
 
 
 def test_a_pool_created_elsewhere_appears_without_a_reload(nexus: LiveServer, page: Page) -> None:
-    sign_in(page, nexus)
+    sign_in(page, nexus, "/pools/", username="teammate")
     expect(page.locator("[data-live-status]")).to_have_text("Live")
     page.evaluate("window.loadedOnce = true")
 

@@ -4,57 +4,27 @@ before anything is submitted; fixed, the parsed command shows; submitted, the se
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
-from django.db import connection
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Locator, Page, ViewportSize, expect
 from pytest_django.fixtures import Settings
 
 from serving import folders
 from serving.models import ModelFolder, Service
 from tests.nexus.factories import make_user
+from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PASSWORD = "a long enough password"
 # A model with a service but no start_command: the definition cannot run.
 BROKEN_DEFINITION = (
     b"models:\n  - name: x\n    model_path: /models\n    service:\n      port: 8000\n"
 )
 SCREENSHOT = Path("/tmp/nexus-service-launcher.png")
 DETAIL_SCREENSHOT = Path("/tmp/nexus-service-detail.png")
-T = TypeVar("T")
-
-
-def committed(work: Callable[[], T]) -> T:
-    """Run database work in its own thread and connection.
-
-    Playwright's sync API keeps an event loop running in the test's thread, where Django refuses
-    synchronous database calls.
-    """
-
-    def run() -> T:
-        try:
-            return work()
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(max_workers=1) as executor:
-        return executor.submit(run).result()
 
 
 @pytest.fixture
@@ -77,22 +47,9 @@ def nexus(transactional_db: None, tmp_path: Path, data_dir: Path) -> Iterator[Li
 
 
 @pytest.fixture
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)."
-        )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
-    yield context.new_page()
-    context.close()
+def viewport() -> ViewportSize:
+    """Return a window taller than the default one."""
+    return {"width": 1280, "height": 1000}
 
 
 def fact(check: Locator, name: str) -> Locator:
@@ -100,19 +57,10 @@ def fact(check: Locator, name: str) -> Locator:
     return check.locator(f"dt:text-is('{name}') + dd")
 
 
-def sign_in(page: Page, nexus: LiveServer) -> None:
-    page.goto(f"{nexus.url}/serving/services/new/")
-    expect(page).to_have_url(f"{nexus.url}/login/?next=/serving/services/new/")
-    page.get_by_label("Username").fill("owner")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page).to_have_url(f"{nexus.url}/serving/services/new/")
-
-
 def test_the_launcher_checks_as_one_types_and_starts_the_service(
     nexus: LiveServer, page: Page
 ) -> None:
-    sign_in(page, nexus)
+    sign_in(page, nexus, "/serving/services/new/")
     launcher_url = page.url
     check = page.locator("#launch-check")
     page.get_by_label("Service name").fill("chat")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pytest_django.fixtures import Settings
 
-from serving.launch import LaunchError, resolve_launch, resolve_spec
+from serving.launch import LaunchError, resolve_launch
 from serving.models import ModelFolder
 
 HEALTH_DEFAULTS = {
@@ -392,7 +392,7 @@ DEFINITION_CASES = [
 def test_it_resolves_the_spec(folder: ModelFolder, case: Case) -> None:
     put(folder, case.files)
 
-    spec = resolve_spec(model_folder=folder, **case.settings)
+    spec = resolve_launch(model_folder=folder, **case.settings).spec
 
     assert spec == case.spec
 
@@ -593,14 +593,14 @@ def test_it_refuses_with_every_problem_at_its_path(folder: ModelFolder, refusal:
     put(folder, refusal.files)
 
     with pytest.raises(LaunchError) as refused:
-        resolve_spec(model_folder=folder, **refusal.settings)
+        resolve_launch(model_folder=folder, **refusal.settings)
 
     assert [(p.file, p.path, p.message) for p in refused.value.problems] == refusal.problems
 
 
 def test_the_error_prints_one_line_per_problem(folder: ModelFolder) -> None:
     with pytest.raises(LaunchError) as refused:
-        resolve_spec(model_folder=folder, runtime_variant="vllm", environ={"1X": "", "2Y": ""})
+        resolve_launch(model_folder=folder, runtime_variant="vllm", environ={"1X": "", "2Y": ""})
 
     assert str(refused.value) == (
         "environ.1X: is not a valid variable name (letters, digits and _)\n"
@@ -612,7 +612,7 @@ def test_a_folder_missing_from_disk_is_named(folder: ModelFolder) -> None:
     folder.path.rmdir()
 
     with pytest.raises(LaunchError) as refused:
-        resolve_spec(model_folder=folder, runtime_variant="vllm")
+        resolve_launch(model_folder=folder, runtime_variant="vllm")
 
     assert [(p.path, p.message) for p in refused.value.problems] == [
         ("model_folder", f"The directory of model folder 'llama' is missing: {folder.path}.")
