@@ -317,9 +317,12 @@ def _process_env(env: dict[str, str], port: int | None) -> dict[str, str]:
     return {**env, PORT_VARIABLE: PORT_PLACEHOLDER} if port is None else env
 
 
-def _health_check(path: str) -> dict[str, Any]:
-    """Return a health check at path with DESIGN's default timings."""
-    return {"path": path, **DEFAULT_HEALTH_CHECK}
+def _health_check(path: str, initial_delay: float | None = None) -> dict[str, Any]:
+    """Return a health check at path with DESIGN's default timings (a variant's first delay)."""
+    check = {"path": path, **DEFAULT_HEALTH_CHECK}
+    if initial_delay is not None:
+        check["initial_delay"] = initial_delay
+    return check
 
 
 def _parallel_sizes(chosen: RuntimeVariant, env: Mapping[str, str]) -> tuple[int | None, ...]:
@@ -365,7 +368,7 @@ def _from_variant(
             "env": _process_env(process_env, None),
             "port": None,
             "model_name": env.get(BACKEND_MODEL_NAME) or model_name,
-            "health_check": _health_check(chosen.health_path),
+            "health_check": _health_check(chosen.health_path, chosen.initial_delay),
             "pre_start_actions": [],
         },
         mount_destination=mount_destination,

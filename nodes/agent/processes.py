@@ -45,6 +45,9 @@ LOGS_DIR = "logs"
 # `<id>/`: the files its write_tempfile actions write. Both go when the process ends.
 PRESTART_DIR = "prestart"
 PORT_PLACEHOLDER = "${PORT}"
+# The agent's own interpreter: Python runtimes (the simulator) run with the packages the agent
+# has, whatever `python` on PATH is.
+PYTHON_PLACEHOLDER = "${NEXUS_PYTHON}"
 # How many log lines a process's record keeps once it has ended.
 RECORD_TAIL_LINES = 20
 MAX_TAIL_LINES = 10_000
@@ -637,6 +640,7 @@ def _mentions_port(spec: _Spec) -> bool:
 
 
 def _substitute(text: str, port: int | None) -> str:
+    text = text.replace(PYTHON_PLACEHOLDER, sys.executable)
     return text if port is None else text.replace(PORT_PLACEHOLDER, str(port))
 
 

@@ -50,6 +50,9 @@ class RuntimeVariant:
     command: Callable[[LaunchInput], list[str]] | None
     # Variables the server itself reads, set from the launch input (port, served name).
     environ: Callable[[LaunchInput], dict[str, str]] | None = None
+    # Seconds before the first health probe: DESIGN's 60 s lets a large model load; a server
+    # that is up at once (the simulator) is probed sooner.
+    initial_delay: float = 60.0
 
     def to_dict(self) -> dict[str, Any]:
         """Return the variant as JSON-ready values."""
@@ -143,7 +146,8 @@ def _llama_cpp(launch: LaunchInput) -> list[str]:
 
 def _simulator(launch: LaunchInput) -> list[str]:
     return [
-        *("python", "-m", "serving.runtimes.simulator"),
+        # The node agent's interpreter, which has Nexus (and so the simulator) installed.
+        *("${NEXUS_PYTHON}", "-m", "serving.runtimes.simulator"),
         *("--host", LOOPBACK, "--port", launch.port, "--model", launch.served_name()),
     ]
 
@@ -188,6 +192,7 @@ _VARIANTS = (
         "/health",
         {BACKEND_MODEL_NAME: _SERVED_NAME_MEANING + "; passed as --model"},
         _simulator,
+        initial_delay=1.0,
     ),
 )
 VARIANTS: Mapping[str, RuntimeVariant] = {variant.name: variant for variant in _VARIANTS}

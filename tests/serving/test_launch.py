@@ -194,12 +194,19 @@ VARIANT_CASES = [
         {"runtime_variant": "simulator", "model_name": "demo"},
         {
             "argv": [
-                *("python", "-m", "serving.runtimes.simulator", *LISTEN, "--model", "demo"),
+                *(
+                    "${NEXUS_PYTHON}",
+                    "-m",
+                    "serving.runtimes.simulator",
+                    *LISTEN,
+                    "--model",
+                    "demo",
+                ),
             ],
             "env": AGENT_PORT,
             "port": None,
             "model_name": "demo",
-            "health_check": health("/health"),
+            "health_check": health("/health", initial_delay=1.0),
             "pre_start_actions": [],
         },
     ),

@@ -73,7 +73,7 @@ def test_an_unknown_name_is_refused_with_the_known_ones(name):
         ("llama-cpp", ["llama-server", "-m", "/models/llama", *LISTEN, "--alias", "llama"]),
         (
             "simulator",
-            ["python", "-m", "serving.runtimes.simulator", *LISTEN, "--model", "llama"],
+            ["${NEXUS_PYTHON}", "-m", "serving.runtimes.simulator", *LISTEN, "--model", "llama"],
         ),
     ],
 )
@@ -146,7 +146,7 @@ SGLANG_BASE = [
         (
             "simulator",
             {"BACKEND_MODEL_NAME": "chat"},
-            ["python", "-m", "serving.runtimes.simulator", *LISTEN, "--model", "chat"],
+            ["${NEXUS_PYTHON}", "-m", "serving.runtimes.simulator", *LISTEN, "--model", "chat"],
         ),
     ],
     ids=lambda value: repr(value) if isinstance(value, dict) else str(value)[:20],
