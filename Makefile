@@ -29,10 +29,11 @@ test: $(VENV)/.installed-dev
 	$(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 	$(PY) -m pytest
 
-## Measure the gateway's overhead, the simulator, the balancer's decisions and its quality.
+## Measure the gateway's and the agent's overhead, the simulator, the balancer (decisions, quality).
 bench: export NEXUS_DATA_DIR := $(BENCH_DATA_DIR)
 bench: $(VENV)/.installed-dev
 	$(PY) bench/gateway_overhead.py
+	$(PY) bench/agent_overhead.py
 	$(PY) bench/simulator_throughput.py
 	$(PY) bench/balancer_decision.py
 	$(PY) bench/balancing_quality.py

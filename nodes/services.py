@@ -95,6 +95,8 @@ def add_node(name: str, address: str, credential: str) -> Node:
     address = address.rstrip("/")
     if Node.objects.filter(name=name).exists():
         raise NodeError(f"A node named {name} exists already.")
+    if name == "add":
+        raise NodeError("'add' is the address of the Add node page (/nodes/add/); choose another.")
     identity = prove_identity(address, credential)
     node = Node(name=name, address=address)
     node.set_credential(credential)

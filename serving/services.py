@@ -339,6 +339,8 @@ def _check_name(name: object, problems: list[LaunchProblem]) -> None:
         message = f"has at most {NAME_MAX_LENGTH} characters"
     elif not _SLUG.fullmatch(name):
         message = "may hold only letters, digits, '-' and '_' (it is part of the URL)"
+    elif name == "new":
+        message = "'new' is the launcher's address (/serving/services/new/); choose another"
     elif Service.objects.filter(name=name).exclude(lifecycle=ServiceLifecycle.DESTROYED).exists():
         problems.append(_name_taken(name))
         return

@@ -302,3 +302,11 @@ def test_the_refresh_task_reports_what_it_found(agent_one: RunningAgent) -> None
     trusted_node("gpu-1", agent_one)
 
     assert refresh_nodes() == "{'online': 1}"
+
+
+@pytest.mark.django_db
+def test_a_node_cannot_be_named_like_the_add_page() -> None:
+    with pytest.raises(services.NodeError, match="Add node page"):
+        services.add_node("add", "http://127.0.0.1:9", "secret")
+
+    assert not Node.objects.exists()

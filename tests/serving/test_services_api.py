@@ -405,6 +405,7 @@ def test_replicas_out_of_range_are_refused(
     [
         ("my chat", "may hold only letters, digits, '-' and '_' (it is part of the URL)"),
         ("chat.v2", "may hold only letters, digits, '-' and '_' (it is part of the URL)"),
+        ("new", "'new' is the launcher's address (/serving/services/new/); choose another"),
         ("x" * 65, "has at most 64 characters"),
         ("", "This field may not be blank."),
     ],
