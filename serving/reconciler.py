@@ -14,6 +14,11 @@ tokens revoked. Ticks are idempotent; a per-service Redis lock keeps two ticks (
 workers) off one service, and a placement lock keeps two services from filling one node at once.
 Routes leave traffic before they stop: their target drains (no new requests) until the gateway
 saw the last in-flight one finish, or DRAIN_GRACE_S passed.
+
+After the services, each usable node is swept for orphan replica processes (at most once per
+SWEEP_INTERVAL_S per node, over every worker): processes named like a replica whose route is gone,
+has ended, or lives elsewhere. A start whose answer was lost, or a stop that found the node offline,
+leaves such processes behind.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ NO_HEALTH_CHECK_DEADLINE_S = 120.0
 LOCK_TIMEOUT_S = 300
 PLACEMENT_LOCK_WAIT_S = 30.0
 INSUFFICIENT = "waiting: insufficient resources in "
+# A node is swept for orphans at most this often (a Redis key with this TTL claims the sweep).
+SWEEP_INTERVAL_S = 30
+# An orphan serves nobody: it gets a short SIGTERM grace, also so that a sweep stays short.
+SWEEP_GRACE_S = 3.0
 
 LIVE = (RouteState.PROVISIONING, RouteState.HEALTHY)
 WATCHED = (RouteState.PROVISIONING, RouteState.HEALTHY, RouteState.TERMINATING)
@@ -71,7 +80,80 @@ def reconcile_all() -> dict[str, int]:
             # One broken service must not keep the others from being reconciled.
             logger.exception("reconciling service %s failed", service.name)
             summary["failed"] += 1
+    try:
+        stopped = sweep_orphans()
+    except Exception:
+        logger.exception("sweeping orphan replica processes failed")
+        stopped = 0
+    if stopped:
+        summary["orphans_stopped"] += stopped
     return dict(summary)
+
+
+def sweep_orphans() -> int:
+    """Sweep the usable nodes that are due; return how many orphan processes were stopped."""
+    stopped = 0
+    for node in node_services.usable_nodes().order_by("pk"):
+        key = f"{settings.NEXUS_REDIS_PREFIX}:serving:sweep:{node.pk}"
+        try:
+            # SET NX EX: one worker claims the node's sweep; the TTL spaces the sweeps.
+            claimed = redis_client().set(key, "1", nx=True, ex=SWEEP_INTERVAL_S)
+        except RedisError as error:
+            logger.warning("not sweeping node %s: no claim without Redis: %s", node.name, error)
+            return stopped
+        if claimed:
+            stopped += sweep_node(node)
+    return stopped
+
+
+def sweep_node(node: Node) -> int:
+    """Stop the node's running replica processes that are no route's; return how many.
+
+    Only names `replicas.process_name` makes are considered: any other process (a deployment's
+    runtime, an operator's) is never touched.
+    """
+    try:
+        with node.client() as agent:
+            records = agent.processes()
+    except (AgentUnreachable, AgentRefused) as error:
+        logger.info("not sweeping node %s: %s", node.name, error)
+        return 0
+    # The agent is read before the routes: a listed process was started before they are read,
+    # so its route already names this node (kept while it has no process id) or its id.
+    found: list[tuple[str, str, int]] = []
+    for record in records:
+        name = str(record.get("name") or "")
+        route_id = replicas.route_id_of(name)
+        if route_id is not None and record.get("state") == "running":
+            found.append((str(record["id"]), name, route_id))
+    if not found:
+        return 0
+    routes = Route.objects.select_related("service", "revision", "node").in_bulk(
+        [route_id for _, _, route_id in found]
+    )
+    stopped = 0
+    for process_id, name, route_id in found:
+        route = routes.get(route_id)
+        reason = replicas.orphan_reason(route, name, node, process_id)
+        if reason and _stop_orphan(node, process_id, name, reason):
+            stopped += 1
+            if route is not None and replicas.process_name(route) == name:
+                message = f"orphan process {process_id} stopped on node {node.name}: {reason}"
+                replicas.record_error(route, message)
+    return stopped
+
+
+def _stop_orphan(node: Node, process_id: str, name: str, reason: str) -> bool:
+    """Stop one orphan process; say whether this call stopped it."""
+    try:
+        with node.client() as agent:
+            agent.stop_process(process_id, grace_s=SWEEP_GRACE_S)
+    except (AgentUnreachable, AgentRefused) as error:
+        # A 404: it ended meanwhile. Anything else: the next sweep tries again.
+        logger.info("node %s: orphan %s (%s) not stopped: %s", node.name, name, process_id, error)
+        return False
+    logger.warning("node %s: stopped orphan %s (%s): %s", node.name, name, process_id, reason)
+    return True
 
 
 def reconcile(service: Service) -> str:

@@ -9,6 +9,7 @@ too: a route that left that state meanwhile is left as the other writer made it.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,11 @@ MAX_BACKOFF_S = 60
 # Errors kept on a route (a crash loop carries them from route to route); the oldest go first.
 MAX_ERRORS = 50
 ENDED = (RouteState.UNHEALTHY, RouteState.FAILED_TO_START)
+# Exactly what `process_name` makes: a slug, then "-r<revision>-<route id>" without leading zeros.
+# The slug part is greedy, so a service named "a-r1-2" still parses ("a-r1-2-r3-4").
+PROCESS_NAME_RE = re.compile(
+    r"(?P<service>[-a-zA-Z0-9_]+)-r(?P<revision>[1-9][0-9]*)-(?P<route>[1-9][0-9]*)"
+)
 
 
 def backoff_s(restart_count: int) -> int:
@@ -39,6 +45,47 @@ def backoff_s(restart_count: int) -> int:
 def process_name(route: Route) -> str:
     """Return the name of a route's process on its node, e.g. "chat-r3-17"."""
     return f"{route.service.name}-r{route.revision.number}-{route.pk}"
+
+
+def route_id_of(name: str) -> int | None:
+    """Return the route id in a replica process's name, or None when it is not a replica's."""
+    match = PROCESS_NAME_RE.fullmatch(name)
+    return int(match["route"]) if match else None
+
+
+def orphan_reason(route: Route | None, name: str, node: Node, process_id: str) -> str:
+    """Return why a running replica-named process on the node is an orphan; "" if it is not.
+
+    `route` is the route whose id the name carries (None when there is none). A process is its
+    route's while the route lives on this node with this process id, and also while the route
+    is being started there (no process id yet: `start_route` adopts a process of its name) or
+    ended but not yet stopped (the tick's `stop_ended` stops it).
+    """
+    if route is None or process_name(route) != name:
+        return "its route does not exist"
+    if route.state == RouteState.TERMINATED:
+        return f"route {route.pk} is terminated"
+    if route.state in ENDED:
+        if route.ended_at is None:
+            return ""
+        return f"route {route.pk} has ended ({route.get_state_display().lower()})"
+    if route.node_id != node.pk:
+        where = f"node {route.node.name}" if route.node is not None else "no node"
+        return f"route {route.pk} is placed on {where}"
+    if route.process_id and route.process_id != process_id:
+        return f"route {route.pk} runs process {route.process_id}"
+    return ""
+
+
+def record_error(route: Route, message: str) -> bool:
+    """Add an error to the route while it stays in its state; say whether it was added."""
+    error = {
+        "at": timezone.now().isoformat(),
+        "message": message,
+        "exit_code": None,
+        "log_tail": "",
+    }
+    return transition(route, [route.state], errors=[*route.errors, error][-MAX_ERRORS:])
 
 
 def transition(route: Route, states: Iterable[str], **fields: Any) -> bool:
