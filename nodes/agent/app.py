@@ -14,7 +14,7 @@ from aiohttp import web
 
 from nodes.agent.bodies import query_number, read_json_object
 from nodes.agent.config import AgentConfig, agent_version
-from nodes.agent.errors import AgentError, invalid
+from nodes.agent.errors import NOT_DELIVERED_HEADER, AgentError, invalid
 from nodes.agent.forwarding import Forwarder, ProcessProxy, Upstream, new_upstream_session
 from nodes.agent.identity import Identity
 from nodes.agent.inventory import Inventory
@@ -62,7 +62,7 @@ class Agent:
         self.jobs.recover()
         self.resources = machine_resources(await detect_gpus())
         self.session = new_upstream_session()
-        self.inventory = Inventory(self.session, self.processes.running, self.config.watch)
+        self.inventory = Inventory(self.session, self.processes.served_models, self.config.watch)
         upstream = Upstream(self.session, self.config.upstream_timeout_s)
         self.forwarder = Forwarder(upstream, self.inventory)
         self.process_proxy = ProcessProxy(upstream, self.processes, MAX_BODY_BYTES)
@@ -184,6 +184,8 @@ def _error_response(error: AgentError) -> web.Response:
     response = web.json_response(error.body(), status=error.status)
     if error.status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
+    if error.not_delivered:
+        response.headers[NOT_DELIVERED_HEADER] = "1"
     return response
 
 

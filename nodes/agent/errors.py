@@ -4,16 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+# Set on an error the agent answered before anything reached the runtime (it is not running,
+# has no port, or refused the connection): a gateway may send the request, whatever its method,
+# to another replica. Never on a timeout or a failure after the request was sent.
+NOT_DELIVERED_HEADER = "X-Nexus-Not-Delivered"
+
 
 class AgentError(Exception):
     """A request the agent refuses, with the status and error code the caller sees."""
 
-    def __init__(self, status: int, code: str, message: str, kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        kind: str = "invalid_request_error",
+        *,
+        not_delivered: bool = False,
+    ):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.kind = kind
+        self.not_delivered = not_delivered
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "code": self.code}}

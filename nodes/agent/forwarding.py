@@ -119,6 +119,15 @@ class Upstream:
             raise AgentError(
                 504, "runtime_unavailable", f"{target} did not answer in time", kind="server_error"
             ) from None
+        except aiohttp.ClientConnectorError as error:
+            # Refused (or unresolvable, unroutable) before a byte of the request left.
+            raise AgentError(
+                502,
+                "runtime_unavailable",
+                f"{target} is unavailable: {error}",
+                kind="server_error",
+                not_delivered=True,
+            ) from None
         except aiohttp.ClientError as error:
             raise AgentError(
                 502, "runtime_unavailable", f"{target} is unavailable: {error}", kind="server_error"
@@ -181,20 +190,24 @@ class ProcessProxy:
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         """Relay method, path, query and body (streamed) to the process; stream its answer back."""
         process_id = request.match_info["id"]
-        process = self._processes.get(process_id)
-        if process["state"] != "running":
+        state, port = self._processes.port_of(process_id)
+        if state != "running":
             # 503, like a runtime that refuses the connection (502): a gateway in front takes
             # it as a refusal and moves the request to another replica, where a 409 would be
             # relayed to its client as the answer.
             raise AgentError(
                 503,
                 "process_not_running",
-                f"process {process_id} is {process['state']}, not running",
+                f"process {process_id} is {state}, not running",
                 kind="server_error",
+                not_delivered=True,
             )
-        if process["port"] is None:
+        if port is None:
             raise AgentError(
-                409, "process_has_no_port", f"process {process_id} has no port to forward to"
+                409,
+                "process_has_no_port",
+                f"process {process_id} has no port to forward to",
+                not_delivered=True,
             )
         # The raw path and query, so escapes such as %2F reach the process as the caller wrote
         # them; the raw path is /agent/v1/processes/<id>/http[/<path>].
@@ -202,7 +215,7 @@ class ProcessProxy:
         url = URL.build(
             scheme="http",
             host="127.0.0.1",
-            port=process["port"],
+            port=port,
             path="/" + (parts[6] if len(parts) > 6 else ""),
             query_string=request.rel_url.raw_query_string,
             encoded=True,

@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from nodes.agent.processes import ServedModel
+
 logger = logging.getLogger(__name__)
 
 # A runtime that takes longer than this to list its models is reported without them (watched)
@@ -43,7 +45,7 @@ _OWNERS = {
 }
 OLLAMA_PORT = 11434
 
-RunningProcesses = Callable[[], list[dict[str, Any]]]
+ServedModels = Callable[[], list[ServedModel]]
 
 
 def reported_state(entry: Mapping[str, Any]) -> str:
@@ -75,10 +77,10 @@ class Inventory:
     """Answer which models this node serves and where each is served."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, running: RunningProcesses, watch: Sequence[str]
+        self, session: aiohttp.ClientSession, served: ServedModels, watch: Sequence[str]
     ) -> None:
         self._session = session
-        self._running = running
+        self._served = served
         self._watch = tuple(watch)
         self._watched: list[dict[str, Any]] = []
         self._watched_at = float("-inf")
@@ -98,9 +100,10 @@ class Inventory:
 
     async def base_url_for(self, model_id: str) -> str | None:
         """Return the base URL of the local runtime serving a model, or None."""
-        for model in self._managed():
-            if model["id"] == model_id:
-                return model["base_url"]
+        # Per request: read the process records in place, build nothing.
+        for served in self._served():
+            if served.model["id"] == model_id:
+                return managed_base_url(served.port)
         if time.monotonic() - self._watched_at > WATCHED_CACHE_S:
             await self._refresh_watched()
         for model in self._watched:
@@ -110,19 +113,16 @@ class Inventory:
 
     def _managed(self) -> list[dict[str, Any]]:
         models = []
-        for process in self._running():
-            model = process.get("model")
-            if not model or not process.get("port"):
-                continue
+        for process_id, port, model in self._served():
             models.append(
                 {
                     "id": model["id"],
                     "runtime": model.get("runtime") or "custom",
-                    "base_url": managed_base_url(process["port"]),
+                    "base_url": managed_base_url(port),
                     "state": "unknown",
                     "digest": model.get("digest"),
                     "source": "managed",
-                    "process_id": process["id"],
+                    "process_id": process_id,
                 }
             )
         return models

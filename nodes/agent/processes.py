@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -90,6 +90,14 @@ class _Spec:
     model: dict[str, Any] | None
     resources: dict[str, Any]
     pre_start_actions: list[dict[str, Any]]
+
+
+class ServedModel(NamedTuple):
+    """A running process's model, as forwarding needs it."""
+
+    process_id: str
+    port: int
+    model: Mapping[str, Any]  # the record's own: read it, never change it
 
 
 @dataclass(eq=False)
@@ -250,6 +258,23 @@ class ProcessManager:
         if not ended and not await self._wait_ended(process, KILL_WAIT_S):
             self._finish(process, "stopped", None, f"still running {KILL_WAIT_S:g} s after SIGKILL")
         return copy.deepcopy(process.record)
+
+    def port_of(self, process_id: str) -> tuple[str, int | None]:
+        """Return one process's state and port, without copying its record (the proxy's path)."""
+        process = self._find(process_id)
+        self._ensure_watching()
+        self._poll_one(process)
+        return process.record["state"], process.record["port"]
+
+    def served_models(self) -> list[ServedModel]:
+        """Return the running processes' models, without copying records (forwarding's path)."""
+        self._poll()
+        served = []
+        for process in self._processes.values():
+            record = process.record
+            if process.running and record["model"] and record["port"] is not None:
+                served.append(ServedModel(record["id"], record["port"], record["model"]))
+        return served
 
     def running(self) -> Records:
         """Return the records of the processes running now."""

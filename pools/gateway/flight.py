@@ -5,8 +5,9 @@ forwarded one (/serve: any method, path, query, headers and body, sent on as the
 Every failure is classified by the phase it happened in (pools.balancer.retry): only a connect
 failure or a refusal (429/502/503/504) before any byte reached the client moves to another
 target, within the pool's attempts and the retry budget; a forwarded request whose method is not
-idempotent moves only when it never reached a target. Every acquired slot is released exactly
-once, whatever ends the attempt (success, failure, client gone, cancellation).
+idempotent moves only when it never reached a target (a failed connect, or a node agent's
+`X-Nexus-Not-Delivered` answer). Every acquired slot is released exactly once, whatever ends the
+attempt (success, failure, client gone, cancellation).
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ NOT_RELAYED = HOP_BY_HOP | {b"date", b"server"}
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # Transport failures before any byte of the request left: the connect was refused or timed out.
 NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+# Set by a node's agent on an error it answered before anything reached the runtime (process not
+# running, no port, connection refused): the request was not delivered, like a failed connect.
+# Trusted only from targets on nodes: a hosted provider must not trigger retries of a POST.
+NOT_DELIVERED_HEADER = "x-nexus-not-delivered"
 # A non-streaming answer up to this size is sent to the client in one piece.
 WHOLE_BODY_MAX_BYTES = 1024 * 1024
 REFUSED_STATUSES = frozenset({429, 502, 503, 504})
@@ -318,15 +323,25 @@ class Router:
             state.health.abandon(target.id)
             raise
         status = response.status_code
+        not_delivered = target.on_node and response.headers.get(NOT_DELIVERED_HEADER) == "1"
         try:
             reason = ""
-            if status in REFUSED_STATUSES:
+            if not_delivered:
+                phase = FailurePhase.CONNECT
+                retried, reason = self._may_retry(flight, attempt, phase, status, delivered=False)
+                if retried:
+                    reason = "retried: the node's agent says it never reached the replica"
+                    self._record_attempt(flight, target, phase, status, retried, reason)
+                    return errors.target_refused(target.name, status)
+            elif status in REFUSED_STATUSES:
                 phase = FailurePhase.REFUSED_STATUS
                 retried, reason = self._may_retry(flight, attempt, phase, status, delivered=True)
                 if retried:
                     self._record_attempt(flight, target, phase, status, retried, reason)
                     return errors.target_refused(target.name, status)
-            await self._relay(send, flight, target, response, attempt, sent_at, reason)
+            await self._relay(
+                send, flight, target, response, attempt, sent_at, reason, not_delivered
+            )
         except asyncio.CancelledError:
             state.health.abandon(target.id)
             raise
@@ -384,10 +399,13 @@ class Router:
         attempt: int,
         sent_at: float,
         refusal: str,
+        not_delivered: bool = False,
     ) -> None:
         """Relay the target's answer as it arrives, then record how the attempt went.
 
         refusal: why a 429/502/503/504 was not retried, when that is what is relayed.
+        not_delivered: the node's agent answered for a replica the request never reached; the
+        attempt counts as a failed connect.
         """
         status = response.status_code
         if flight.forward is None:
@@ -448,6 +466,8 @@ class Router:
             connected=True, request_sent=True, status=status, output_started=status < 400,
             timed_out=broken is not None and _timed_out(broken), broken=broken is not None,
         )  # fmt: skip
+        if not_delivered:
+            phase = FailurePhase.CONNECT
         self._finish(flight, target, phase, status, sent_at, first_at, chunks, refusal)
 
     def _finish(

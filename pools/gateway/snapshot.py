@@ -58,6 +58,8 @@ class TargetEntry:
     drain: DrainState
     unavailable: str = ""  # why a node target is out, e.g. "node gpu-1 is offline"
     health: Health = Health.HEALTHY  # the active probes' verdict (a service's replicas)
+    # Reached through a node's agent, whose "not delivered" answers are trusted (see flight).
+    on_node: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,7 @@ def _target_entry(target: Target, managed: bool) -> TargetEntry:
         drain=DrainState(target.state),
         unavailable=unavailable,
         health=Health(target.health),
+        on_node=node is not None,
     )
 
 

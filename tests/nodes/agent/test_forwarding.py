@@ -242,6 +242,7 @@ def test_a_runtime_error_is_relayed_unchanged(fleet: Fleet) -> None:
 
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "service_unavailable"
+    assert "X-Nexus-Not-Delivered" not in response.headers  # the runtime's answer
 
 
 def test_a_runtime_refusing_connections_is_a_502(fleet: Fleet) -> None:
@@ -254,6 +255,7 @@ def test_a_runtime_refusing_connections_is_a_502(fleet: Fleet) -> None:
 
     assert raised.value.status_code == 502
     assert raised.value.code == "runtime_unavailable"
+    assert raised.value.response.headers["X-Nexus-Not-Delivered"] == "1"
 
 
 def test_a_runtime_that_does_not_answer_in_time_is_a_504(tmp_path: Path) -> None:
@@ -269,6 +271,7 @@ def test_a_runtime_that_does_not_answer_in_time_is_a_504(tmp_path: Path) -> None
 
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "runtime_unavailable"
+    assert "X-Nexus-Not-Delivered" not in response.headers  # it may be generating
     assert 0.9 <= took < 5
 
 

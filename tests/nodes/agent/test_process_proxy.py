@@ -205,6 +205,13 @@ def test_the_processes_status_and_headers_come_back(node: Node) -> None:
     assert (empty.status_code, empty.content, empty.headers["X-Echo"]) == (204, b"", "yes")
 
 
+def test_an_error_status_from_the_process_itself_is_not_marked_undelivered(node: Node) -> None:
+    response = node.http.post(node.url(node.echo, "/things?status=503"), content=b"x")
+
+    assert (response.status_code, response.headers["X-Echo"]) == (503, "yes")
+    assert "X-Nexus-Not-Delivered" not in response.headers
+
+
 def test_a_chunked_upload_is_streamed_on_to_the_process(node: Node) -> None:
     parts = [b"part-%d;" % index * 1000 for index in range(20)]
 
@@ -363,6 +370,7 @@ def test_a_process_that_has_ended_is_not_running(node: Node) -> None:
         response = node.http.post(node.url(process, "/v1/chat/completions"), json={})
         message = assert_error(response, 503, "process_not_running")
         assert message == f"process {process['id']} is {state}, not running"
+        assert response.headers["X-Nexus-Not-Delivered"] == "1"
 
 
 def test_a_process_without_a_port_cannot_be_reached(node: Node) -> None:
@@ -372,6 +380,7 @@ def test_a_process_without_a_port_cannot_be_reached(node: Node) -> None:
 
     message = assert_error(response, 409, "process_has_no_port")
     assert message == f"process {portless['id']} has no port to forward to"
+    assert response.headers["X-Nexus-Not-Delivered"] == "1"
 
 
 def test_a_process_not_listening_on_its_port_is_a_502(node: Node) -> None:
@@ -381,6 +390,7 @@ def test_a_process_not_listening_on_its_port_is_a_502(node: Node) -> None:
 
     message = assert_error(response, 502, "runtime_unavailable")
     assert message.startswith(f"process {silent['id']} is unavailable: ")
+    assert response.headers["X-Nexus-Not-Delivered"] == "1"
 
 
 def test_a_process_that_does_not_answer_in_time_is_a_504(node: Node) -> None:
@@ -393,6 +403,7 @@ def test_a_process_that_does_not_answer_in_time_is_a_504(node: Node) -> None:
 
     message = assert_error(response, 504, "runtime_unavailable")
     assert message == f"process {hanging['id']} did not answer in time"
+    assert "X-Nexus-Not-Delivered" not in response.headers  # it may be generating
     assert UPSTREAM_TIMEOUT_S - 0.1 <= took < UPSTREAM_TIMEOUT_S + 3
 
 
