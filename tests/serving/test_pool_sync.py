@@ -55,7 +55,8 @@ def test_each_healthy_route_gets_a_target_at_its_process_on_the_agent(
     service.refresh_from_db()
     assert service.pool == pool
     targets = list(
-        pool.targets.order_by("name").values_list(
+        # By route: names sort as text ("route-10" before "route-9").
+        pool.targets.order_by("route__pk").values_list(
             "name", "base_url", "node__name", "model_id", "capacity_weight", "health", "state"
         )
     )
