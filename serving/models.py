@@ -192,6 +192,11 @@ class Service(models.Model):
         return self.name
 
 
+def readiness_text(ready: int, desired: int) -> str:
+    """Say how many of a service's replicas are ready: "2 of 3 replicas ready"."""
+    return f"{ready} of {desired} replica{'' if desired == 1 else 's'} ready"
+
+
 class RevisionState(models.TextChoices):
     PENDING = "pending", "Pending"  # created, not rolled out yet
     ROLLING_OUT = "rolling_out", "Rolling out"

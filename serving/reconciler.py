@@ -41,7 +41,15 @@ from nodes.client import AgentRefused, AgentUnreachable
 from nodes.models import Node
 from pools import services as pool_services
 from serving import replicas
-from serving.models import Revision, RevisionState, Route, RouteState, Service, ServiceLifecycle
+from serving.models import (
+    Revision,
+    RevisionState,
+    Route,
+    RouteState,
+    Service,
+    ServiceLifecycle,
+    readiness_text,
+)
 from serving.pool_sync import drop_service_pool, sync_service_pool
 from serving.scheduler import Candidate, schedule
 from serving.tokens import revoke_service_tokens
@@ -580,7 +588,7 @@ class _Tick:
         routes = self.routes()
         desired = self.service.desired_replicas
         ready = sum(route.state == RouteState.HEALTHY for route in routes)
-        parts = [f"{ready} of {desired} replica{'s' if desired != 1 else ''} ready"]
+        parts = [readiness_text(ready, desired)]
         latest, running = self.service.latest_revision, self.service.running_revision
         if latest is not None and (running is None or running.pk != latest.pk):
             parts.append(f"rolling out r{latest.number}")

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, models, transaction
 from django.db.models import Count, Max, Q, QuerySet
-from django.template.defaultfilters import pluralize
 
 from nexus.models import ConfigVersion
 from pools.models import Pool
@@ -34,6 +33,7 @@ from serving.models import (
     RouteState,
     Service,
     ServiceLifecycle,
+    readiness_text,
 )
 from serving.replicas import clear_errors_and_retry
 
@@ -294,8 +294,7 @@ def status_text(service: Service) -> str:
     """Return the service's readiness in words: "2 of 3 replicas ready"."""
     if service.lifecycle == ServiceLifecycle.DESTROYED:
         return "Destroyed"
-    desired = service.desired_replicas
-    return f"{ready_replicas(service)} of {desired} replica{pluralize(desired)} ready"
+    return readiness_text(ready_replicas(service), service.desired_replicas)
 
 
 def in_tab(services: QuerySet[Service], tab: str) -> QuerySet[Service]:

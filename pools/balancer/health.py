@@ -8,7 +8,8 @@ How the gateway uses it: the snapshot reads `circuit_open()` and `error_rate()` 
 effect); only for the target it actually picked does it call `allow()`, which claims the
 half-open trial. Every request sent to a target ends with `record()`, or with `abandon()` when
 it ended without a verdict (the client left), so a trial is never left claimed. A target the
-active probes report degraded (`note_degraded`) is ejected by its first failed request.
+active probes report degraded (`record(..., degraded=True)`) is ejected by its first failed
+request.
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ class PassiveHealth:
 
     policy: HealthPolicy = field(default_factory=HealthPolicy)
     _circuits: dict[int, _Circuit] = field(default_factory=dict, init=False, repr=False)
-    # Targets whose latest active probe failed: they serve only for want of a healthy target,
-    # so one real failure is enough to take them out.
-    _degraded: set[int] = field(default_factory=set, init=False, repr=False)
 
-    def record(self, target_id: int, ok: bool, now: float) -> None:
-        """Record the outcome of a request sent to the target."""
+    def record(self, target_id: int, ok: bool, now: float, *, degraded: bool = False) -> None:
+        """Record the outcome of a request sent to the target.
+
+        degraded: its latest active probe failed; it serves only for want of a healthy target,
+        so one real failure is enough to take it out.
+        """
         circuit = self._circuit(target_id)
         circuit.outcomes.append(ok)
         state = self._passive_state(circuit, now)
@@ -100,7 +102,7 @@ class PassiveHealth:
             return
         circuit.consecutive_failures += 1
         circuit.successes_since_close = 0
-        if target_id in self._degraded:
+        if degraded:
             self._eject(circuit, now, "a failed request while its probes fail (degraded)")
             return
         if circuit.consecutive_failures >= self.policy.consecutive_failures_to_eject:
@@ -132,13 +134,6 @@ class PassiveHealth:
                 circuit.open_until = now
                 circuit.cause = "the active probe failed"
 
-    def note_degraded(self, target_id: int, degraded: bool) -> None:
-        """Apply the active probes' degraded flag: while set, one failed request ejects."""
-        if degraded:
-            self._degraded.add(target_id)
-        else:
-            self._degraded.discard(target_id)
-
     def abandon(self, target_id: int) -> None:
         """End a request that gave no verdict (the client left): free the trial it may hold."""
         circuit = self._circuits.get(target_id)
@@ -148,7 +143,6 @@ class PassiveHealth:
     def forget(self, target_id: int) -> None:
         """Drop everything known about a removed target."""
         self._circuits.pop(target_id, None)
-        self._degraded.discard(target_id)
 
     def state(self, target_id: int, now: float) -> CircuitState:
         """Return the target's circuit state at `now`."""

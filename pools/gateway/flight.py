@@ -386,7 +386,9 @@ class Router:
     ) -> None:
         """Count one attempt once: in the target's passive health, the history and metrics."""
         ok = phase is None or not is_target_fault(phase)
-        self.state.health.record(target.id, ok=ok, now=time.monotonic())
+        self.state.health.record(
+            target.id, ok=ok, now=time.monotonic(), degraded=target.health is Health.DEGRADED
+        )
         flight.attempts.append(_attempt_row(target, phase, status, retried, reason))
         metrics.observe_attempt(flight.pool.slug, target.name, phase or "ok")
 

@@ -146,9 +146,7 @@ def explain_unavailable(pool: PoolEntry, skipped: Iterable[dict[str, Any]]) -> N
     """Say why each target on an unusable node is out (the pure core sees it as disabled)."""
     for skip in skipped:
         if skip["reason"] == SkipReason.DISABLED and not skip["detail"]:
-            target = next((t for t in pool.targets if t.id == skip["target_id"]), None)
-            if target is not None and target.unavailable:
-                skip["detail"] = target.unavailable
+            skip["detail"] = pool.target(skip["target_id"]).unavailable
 
 
 def _service_entry(pool: Pool) -> ServiceEntry | None:

@@ -22,7 +22,7 @@ from pools.balancer.continuity import AffinityMap, continuity_key, prefix_finger
 from pools.balancer.health import LatencyStats, PassiveHealth
 from pools.balancer.queue import PoolQueue
 from pools.balancer.retry import RetryBudget
-from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, TargetView
+from pools.balancer.snapshot import Decision, DrainState, RequestFacts, TargetView
 from pools.balancer.strategies import decide
 from pools.gateway import metrics
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
@@ -106,9 +106,6 @@ class GatewayState:
         """Return the pool's targets as the balancer sees them now."""
         views = []
         for target in pool.targets:
-            # The snapshot is where the probes' verdict lives; passive health learns it here,
-            # in step with the decision that may send a request to the target.
-            self.health.note_degraded(target.id, target.health is Health.DEGRADED)
             load = self.engine_loads.fresh(target.id, now)
             stats = self.latency.get(target.id)
             served = self.last_served.get(target.id)

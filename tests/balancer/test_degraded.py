@@ -9,9 +9,8 @@ T = 7
 
 def test_one_failed_request_ejects_a_degraded_target() -> None:
     health = PassiveHealth()
-    health.note_degraded(T, True)
 
-    health.record(T, ok=False, now=1.0)
+    health.record(T, ok=False, now=1.0, degraded=True)
 
     assert health.state(T, now=1.0) == "open"
     assert health.open_until(T) == 6.0
@@ -22,8 +21,7 @@ def test_one_failed_request_ejects_a_degraded_target() -> None:
 
 def test_a_target_no_longer_degraded_takes_three_failures_again() -> None:
     health = PassiveHealth()
-    health.note_degraded(T, True)
-    health.note_degraded(T, False)
+    health.record(T, ok=True, now=1.0, degraded=True)
 
     health.record(T, ok=False, now=1.0)
     health.record(T, ok=False, now=1.0)
@@ -33,20 +31,9 @@ def test_a_target_no_longer_degraded_takes_three_failures_again() -> None:
 
 def test_a_degraded_target_that_serves_well_stays_in() -> None:
     health = PassiveHealth()
-    health.note_degraded(T, True)
 
     for _ in range(5):
-        health.record(T, ok=True, now=1.0)
+        health.record(T, ok=True, now=1.0, degraded=True)
 
     assert health.state(T, now=1.0) == "closed"
     assert health.allow(T, now=1.0) is True
-
-
-def test_a_forgotten_target_is_no_longer_degraded() -> None:
-    health = PassiveHealth()
-    health.note_degraded(T, True)
-    health.forget(T)
-
-    health.record(T, ok=False, now=1.0)
-
-    assert health.state(T, now=1.0) == "closed"
