@@ -8,6 +8,8 @@ The upstream URL comes from BARE_PROXY_UPSTREAM.
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
@@ -16,7 +18,11 @@ UPSTREAM = os.environ.get("BARE_PROXY_UPSTREAM", "http://127.0.0.1:9101/v1/chat/
 _client: httpx.AsyncClient | None = None
 
 
-async def application(scope, receive, send):  # type: ignore[no-untyped-def]
+async def application(
+    scope: dict[str, Any],
+    receive: Callable[[], Awaitable[dict[str, Any]]],
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+) -> None:
     """Relay POSTs to UPSTREAM chunk by chunk."""
     global _client
     if scope["type"] != "http":

@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GATEWAY_CPU = {0}
-OTHER_CPU = {1} if os.cpu_count() and os.cpu_count() > 1 else {0}
+OTHER_CPU = {1} if (os.cpu_count() or 1) > 1 else {0}
 TARGETS = "targets under daphne: <= 1.5 ms CPU per request, <= 8 ms CPU per 100-token stream, "
 TARGETS += "added p50 <= 1 ms at concurrency 1"
 
@@ -75,7 +75,7 @@ def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
         try:
             urllib.request.urlopen(url, timeout=1)
             return

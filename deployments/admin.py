@@ -28,8 +28,16 @@ PROGRESS_FIELDS = [
 
 class DeploymentNodeInline(admin.TabularInline):
     model = DeploymentNode
-    fields = ["node", "state", "phase", "percent", "message", "error", "attempt", "finished_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "node",
+        "state",
+        "phase",
+        "percent",
+        "message",
+        "error",
+        "attempt",
+        "finished_at",
+    )
     extra = 0
     can_delete = False
 

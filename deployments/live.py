@@ -33,7 +33,9 @@ def group_name(deployment_id: int) -> str:
 def send(group: str, message: NodeChanged) -> None:
     """Send a message to a group; a missing channel layer must not fail the caller's work."""
     try:
-        async_to_sync(get_channel_layer().group_send)(group, message)
+        layer = get_channel_layer()
+        if layer is not None:  # None only without CHANNEL_LAYERS, which settings always set
+            async_to_sync(layer.group_send)(group, dict(message))
     except Exception:
         logger.warning("could not send %s to group %s", message["type"], group, exc_info=True)
 

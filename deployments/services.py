@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -65,7 +65,7 @@ def create_deployment(
     model_sha256: str = "",
     runtime_requirement: str = "",
     runtime_argv: Sequence[str] = (),
-    user: AbstractBaseUser | None = None,
+    user: User | None = None,
 ) -> Deployment:
     """Create a deployment with a pending row per node; each node's job is queued on commit.
 
@@ -299,8 +299,8 @@ def _drive(row_id: int) -> str:
         ended = DeploymentNode.objects.filter(pk=row.pk).values_list("state", flat=True)
         return ended.first() or "gone"
     if followed.get("state") != "succeeded":
-        error = followed.get("error") or f"the job ended {followed.get('state')} without saying why"
-        return _finish(row.pk, NodeState.FAILED, error=error)
+        cause = followed.get("error") or f"the job ended {followed.get('state')} without saying why"
+        return _finish(row.pk, NodeState.FAILED, error=cause)
     return _check_inventory(row.pk, node, row.deployment.model_name)
 
 

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from deployments import services
 from deployments.forms import DeploymentForm
 from deployments.models import Deployment
+from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, staff_required
 
 DETAIL = "deployments/deployment_detail.html"
@@ -38,7 +39,7 @@ def deployment_create(request: HttpRequest) -> HttpResponse:
     form = DeploymentForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            deployment = services.create_deployment(**form.cleaned_data, user=request.user)
+            deployment = services.create_deployment(**form.cleaned_data, user=acting_user(request))
         except ValidationError as invalid:
             form.add_error(None, invalid)
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from nexus import scopes
+from nexus.auth import acting_user
 from nexus.models import ApiToken, ConfigVersion
 
 
@@ -29,7 +30,8 @@ class ApiTokenForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         slugs = scopes.pool_slugs() | set(self.instance.pools)
-        self.fields["pools"].choices = [(slug, slug) for slug in sorted(slugs)]
+        field = cast("forms.ChoiceField", self.fields["pools"])
+        field.choices = [(slug, slug) for slug in sorted(slugs)]
 
     def clean_expires_at(self) -> Any:
         expires_at = self.cleaned_data["expires_at"]
@@ -38,7 +40,8 @@ class ApiTokenForm(forms.ModelForm):
         return expires_at
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         pools = sorted(cleaned.get("pools") or [])
         cleaned["pools"] = pools
         self.instance.all_pools = not pools
@@ -93,7 +96,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             form.cleaned_data["name"],
             pools=form.cleaned_data["pools"],
             expires_at=form.cleaned_data["expires_at"],
-            created_by=request.user,
+            created_by=acting_user(request),
         )
         self.message_user(
             request,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
@@ -18,7 +19,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from nexus import upload_guard  # noqa: E402
 from nexus.routing import websocket_urlpatterns  # noqa: E402
-from pools.gateway.app import Gateway  # noqa: E402
+from pools.gateway.app import Gateway, Receive, Send  # noqa: E402
 
 gateway = Gateway()
 # A body larger than any upload is refused before it is read: Django would read it all first.
@@ -26,7 +27,7 @@ guarded_django_app = upload_guard.guard(django_app)
 upload_guard.install_in_daphne()
 
 
-async def http_router(scope, receive, send):  # type: ignore[no-untyped-def]
+async def http_router(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     """Send /v1 and /serve to the gateway without touching Django's request machinery."""
     if scope["path"].startswith(("/v1/", "/serve/")):
         await gateway(scope, receive, send)
@@ -38,7 +39,8 @@ application = ProtocolTypeRouter(
     {
         "http": http_router,
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            # types-channels asks for its own private pattern type; Django's path() makes these.
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # type: ignore[arg-type]
         ),
     }
 )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
+from django.http import HttpRequest
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
@@ -54,3 +55,9 @@ class StaffWritesAuthenticatedReads(permissions.BasePermission):
         if request.method in permissions.SAFE_METHODS:
             return bool(request.auth is not None or (user and user.is_authenticated))
         return bool(user and user.is_authenticated and user.is_staff)
+
+
+def acting_user(request: HttpRequest | Request) -> User | None:
+    """Return the signed-in user who makes a change, or None for an anonymous request."""
+    user = request.user
+    return None if isinstance(user, AnonymousUser) else user

@@ -226,12 +226,13 @@ NEXUS_LEDGER_LEASE_TTL_S = env_int("NEXUS_LEDGER_LEASE_TTL_S", 60, minimum=3)
 # /metrics answers anyone (a scraper on a private network); false: staff sessions and tokens only.
 NEXUS_METRICS_PUBLIC = env_bool("NEXUS_METRICS_PUBLIC", True)
 
+NEXUS_LOG_LEVEL = env_str("NEXUS_LOG_LEVEL", "INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("NEXUS_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": NEXUS_LOG_LEVEL},
     "loggers": {
         # daphne logs every request at INFO: too loud for the hot path.
         "django.channels.server": {"level": "WARNING"},

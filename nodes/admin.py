@@ -33,7 +33,8 @@ class NodeAdminForm(forms.ModelForm):
     identity: services.Identity | None = None
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         address, credential = cleaned.get("address"), cleaned.get("credential")
         if address is None or not ("address" in self.changed_data or credential):
             return cleaned
@@ -51,8 +52,15 @@ class NodeModelInline(admin.TabularInline):
     model = NodeModel
     extra = 0
     can_delete = False
-    fields = ["model_id", "runtime", "state", "source", "digest", "process_id", "seen_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "model_id",
+        "runtime",
+        "state",
+        "source",
+        "digest",
+        "process_id",
+        "seen_at",
+    )
 
     def has_add_permission(self, request: HttpRequest, obj: Node | None = None) -> bool:
         return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django import forms
@@ -47,7 +48,8 @@ class TargetAdminForm(forms.ModelForm):
         ]
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         node = cleaned.get("node")
         if node is not None:
             # A node target is reached through the node's agent, whatever was typed.
@@ -92,7 +94,7 @@ class PoolAdmin(admin.ModelAdmin):
 
     def get_prepopulated_fields(
         self, request: HttpRequest, obj: Pool | None = None
-    ) -> dict[str, tuple[str, ...]]:
+    ) -> dict[str, Sequence[str]]:
         return {"slug": ("name",)} if obj is None else {}
 
     @admin.display(description="Model name", ordering="slug")

@@ -173,8 +173,9 @@ class Target(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         # A node target's URL is its node's agent; storing it keeps pages and the API plain.
         # A managed pool's target is one replica process on the agent, with a URL of its own.
-        if self.node_id is not None and not self.pool.managed:
-            self.base_url = node_base_url(self.node.address)
+        node = self.node if self.node_id is not None and not self.pool.managed else None
+        if node is not None:
+            self.base_url = node_base_url(node.address)
             if kwargs.get("update_fields") is not None:
                 kwargs["update_fields"] = {*kwargs["update_fields"], "base_url"}
         super().save(*args, **kwargs)
@@ -201,7 +202,7 @@ class Target(models.Model):
             raise ValidationError(
                 {"kinds": f"Choose from {', '.join(all_request_kinds())}; got {self.kinds!r}."}
             )
-        if self.node_id is not None:
+        if self.node is not None:
             problem = node_model_problem(self.node, self.model_id)
             if problem:
                 raise ValidationError({"model_id": problem})

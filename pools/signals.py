@@ -43,9 +43,13 @@ def follow_node_address(sender: type, instance: Node, **kwargs: object) -> None:
 
 
 @receiver(post_save, sender=ApiToken)
-def announce_revocation(sender: type, instance: ApiToken, **kwargs: object) -> None:
+def announce_revocation(
+    sender: type,
+    instance: ApiToken,
+    update_fields: frozenset[str] | None = None,
+    **kwargs: object,
+) -> None:
     # Every way of revoking (API, admin, command, service tokens) goes through ApiToken.revoke(),
     # which saves revoked_at alone; the gateways drop the token before the revoking call returns.
-    update_fields = kwargs.get("update_fields") or ()
-    if instance.revoked_at is not None and "revoked_at" in update_fields:
+    if instance.revoked_at is not None and "revoked_at" in (update_fields or ()):
         transaction.on_commit(partial(revocations.announce, instance.token_hash))

@@ -12,6 +12,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.defaultfilters import filesizeformat, pluralize
 
+from nexus.auth import acting_user
 from serving import folders, services
 from serving.launch import LaunchError
 from serving.models import (
@@ -63,7 +64,7 @@ class ModelFolderAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
         else:
-            obj.owner = obj.owner or request.user
+            obj.owner = obj.owner or acting_user(request)
             folders.create_folder(obj)
 
     def delete_model(self, request: HttpRequest, obj: ModelFolder) -> None:
@@ -111,14 +112,27 @@ class ReadOnlyInline(admin.TabularInline):
 
 class RevisionInline(ReadOnlyInline):
     model = Revision
-    fields = ["number", "state", "runtime_variant", "model_folder", "failure_reason", "created_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "number",
+        "state",
+        "runtime_variant",
+        "model_folder",
+        "failure_reason",
+        "created_at",
+    )
 
 
 class RouteInline(ReadOnlyInline):
     model = Route
-    fields = ["revision", "node", "state", "probe_result", "port", "status_message", "created_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "revision",
+        "node",
+        "state",
+        "probe_result",
+        "port",
+        "status_message",
+        "created_at",
+    )
 
 
 @admin.register(Service)

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
@@ -387,14 +387,14 @@ def entry(folder: ModelFolder, path: Path) -> FileEntry:
     )
 
 
-def staging_file(directory: Path) -> BinaryIO:
+def staging_file(directory: Path) -> IO[bytes]:
     """Open a new hidden temporary file in directory, on the same file system as its target."""
     return tempfile.NamedTemporaryFile(  # noqa: SIM115  (closed by finish_staging or discard)
         mode="wb", prefix=STAGING_PREFIX, dir=directory, delete=False
     )
 
 
-def finish_staging(handle: BinaryIO) -> None:
+def finish_staging(handle: IO[bytes]) -> None:
     """Make a staged file durable and readable like any other, before it replaces anything."""
     handle.flush()
     os.fsync(handle.fileno())
@@ -402,7 +402,7 @@ def finish_staging(handle: BinaryIO) -> None:
     handle.close()
 
 
-def discard(handle: BinaryIO) -> None:
+def discard(handle: IO[bytes]) -> None:
     """Close and remove a staged file that will not be installed."""
     handle.close()
     Path(handle.name).unlink(missing_ok=True)
@@ -411,7 +411,9 @@ def discard(handle: BinaryIO) -> None:
 class StagedUpload(UploadedFile):
     """An uploaded file already streamed, complete, into a hidden file in its model folder."""
 
-    def __init__(self, handle: BinaryIO, name: str, content_type: str, size: int) -> None:
+    name: str  # always given, and UploadedFile keeps a given name a string
+
+    def __init__(self, handle: IO[bytes], name: str, content_type: str, size: int) -> None:
         super().__init__(handle, name, content_type, size)
         self.staged_path = Path(handle.name)
 
@@ -429,7 +431,7 @@ class FolderUploadHandler(FileUploadHandler):
         super().__init__(request)
         self.folder = folder
         self.limit = max_upload_bytes()
-        self.handle: BinaryIO | None = None
+        self.handle: IO[bytes] | None = None
         self.staged: StagedUpload | None = None
 
     def handle_raw_input(
@@ -437,7 +439,7 @@ class FolderUploadHandler(FileUploadHandler):
         input_data: Any,
         META: dict[str, Any],  # noqa: N803  (Django's name)
         content_length: int,
-        boundary: bytes,
+        boundary: bytes,  # type: ignore[override]  # django-stubs says str; Django passes bytes
         encoding: str | None = None,
     ) -> None:
         # Refuse at once a body too long to hold a file within the limit.

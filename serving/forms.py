@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
@@ -108,14 +108,17 @@ class ServiceLaunchForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["model_folder"].choices = [
+        folders = cast("forms.ChoiceField", self.fields["model_folder"])
+        folders.choices = [
             (name, name) for name in ModelFolder.objects.values_list("name", flat=True)
         ]
-        self.fields["resource_group"].choices = [
+        groups = cast("forms.ChoiceField", self.fields["resource_group"])
+        groups.choices = [
             (name, name) for name in ResourceGroup.objects.values_list("name", flat=True)
         ]
-        self.fields["resource_group"].initial = services.DEFAULT_GROUP
-        self.fields["preset"].choices = [("", "none: service-definition.toml's slots, if any")] + [
+        groups.initial = services.DEFAULT_GROUP
+        presets = cast("forms.ChoiceField", self.fields["preset"])
+        presets.choices = [("", "none: service-definition.toml's slots, if any")] + [
             (preset.name, f"{preset.name}: {describe_slots(preset.slots())}")
             for preset in ResourcePreset.objects.all()
         ]
@@ -180,7 +183,7 @@ class ServiceLaunchForm(forms.Form):
     def problems(self) -> list[LaunchProblem]:
         """Return the form's own errors as problems at their fields."""
         return [
-            LaunchProblem("", "" if field == NON_FIELD_ERRORS else field, message)
+            LaunchProblem("", "" if field == NON_FIELD_ERRORS else field, str(message))
             for field, messages in self.errors.items()
             for message in messages
         ]

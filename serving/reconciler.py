@@ -538,8 +538,9 @@ class _Tick:
         on_nodes = Route.objects.exclude(state=RouteState.TERMINATED).filter(node__in=nodes)
         counts = Counter(on_nodes.filter(service=self.service).values_list("node_id", flat=True))
         ports: dict[int, set[int]] = defaultdict(set)
-        for node_id, port in on_nodes.exclude(port=None).values_list("node_id", "port"):
-            ports[node_id].add(port)
+        for node_id, port in on_nodes.values_list("node_id", "port"):
+            if port is not None:
+                ports[node_id].add(port)
         found = []
         for node in nodes:
             try:
@@ -610,5 +611,9 @@ class _Tick:
 def _retire_order(routes: Sequence[Route]) -> list[Route]:
     """Return routes in the order they go when scaling down: ended, starting, serving; newest
     first within each."""
-    rank = {RouteState.UNHEALTHY: 0, RouteState.FAILED_TO_START: 0, RouteState.PROVISIONING: 1}
+    rank: dict[str, int] = {
+        RouteState.UNHEALTHY: 0,
+        RouteState.FAILED_TO_START: 0,
+        RouteState.PROVISIONING: 1,
+    }
     return sorted(routes, key=lambda route: (rank.get(route.state, 2), -route.pk))

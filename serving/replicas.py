@@ -230,10 +230,11 @@ def fail(
     The error is kept on the route and its replacement waits out the backoff.
     """
     now = timezone.now()
-    ended = {
+    endings: dict[str, RouteState] = {
         RouteState.PROVISIONING: RouteState.FAILED_TO_START,
         RouteState.HEALTHY: RouteState.UNHEALTHY,
-    }.get(route.state)
+    }
+    ended = endings.get(route.state)
     if ended is None:
         return False
     error = {

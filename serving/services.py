@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, models, transaction
 from django.db.models import Count, Max, Q, QuerySet
 
@@ -76,7 +76,7 @@ class Plan:
 
     name: str
     project: str
-    owner: AbstractBaseUser | None
+    owner: User | None
     open_to_public: bool
     desired_replicas: int
     model_folder: ModelFolder
@@ -96,7 +96,7 @@ def check_service(
     model_folder: ModelFolder | str | None,
     runtime_variant: str,
     project: str = "default",
-    owner: AbstractBaseUser | None = None,
+    owner: User | None = None,
     open_to_public: bool = False,
     desired_replicas: int = 1,
     mount_destination: str = DEFAULT_MOUNT,
@@ -190,9 +190,7 @@ def create_service(**declaration: Any) -> Service:
     return service
 
 
-def update_service(
-    service: Service, *, actor: AbstractBaseUser | None = None, **changes: Any
-) -> Revision:
+def update_service(service: Service, *, actor: User | None = None, **changes: Any) -> Revision:
     """Apply changes to a service and return its latest revision.
 
     A change to any launch setting (`LAUNCH_FIELDS`) makes a new immutable revision, which the
@@ -497,7 +495,7 @@ def _changed_settings(
 def _new_revision(
     service: Service,
     number: int,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     *,
     launch: Launch,
     **settings: Any,

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -14,6 +15,7 @@ from django.template.defaultfilters import filesizeformat
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from serving import folders, services, tokens
 from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm
@@ -52,7 +54,7 @@ def model_folder_list(request: HtmxHttpRequest) -> HttpResponse:
         if form.is_valid():
             try:
                 created = folders.create_folder(
-                    ModelFolder(owner=request.user, **form.cleaned_data)
+                    ModelFolder(owner=acting_user(request), **form.cleaned_data)
                 )
             except folders.FolderExists as taken:
                 form.add_error("name", str(taken))
@@ -169,7 +171,7 @@ class LaunchCheck:
     plan: services.Plan | None
 
 
-def check_launch(form: ServiceLaunchForm, owner: Any) -> LaunchCheck:
+def check_launch(form: ServiceLaunchForm, owner: User | None) -> LaunchCheck:
     """Return what would happen if the form were submitted now; nothing is written."""
     if not form.is_valid():
         return LaunchCheck(problems=form.problems(), plan=None)
@@ -201,10 +203,10 @@ def service_new(request: HttpRequest) -> HttpResponse:
     form = ServiceLaunchForm(request.POST or None)
     check = None
     if request.method == "POST":
-        check = check_launch(form, request.user)
+        check = check_launch(form, acting_user(request))
         if check.plan is not None:
             try:
-                service = services.create_service(owner=request.user, **form.declaration())
+                service = services.create_service(owner=acting_user(request), **form.declaration())
             except LaunchError as refused:
                 check = LaunchCheck(problems=list(refused.problems), plan=None)
             else:
@@ -219,7 +221,7 @@ def service_new(request: HttpRequest) -> HttpResponse:
 def service_check(request: HttpRequest) -> HttpResponse:
     """Render the launcher's check of the form as it is now: problems, or what would run."""
     require_staff(request, "start services")
-    check = check_launch(ServiceLaunchForm(request.POST), request.user)
+    check = check_launch(ServiceLaunchForm(request.POST), acting_user(request))
     return render(request, LAUNCH_CHECK, {"check": check})
 
 
@@ -332,14 +334,14 @@ def service_token_issue(request: HttpRequest, name: str) -> HttpResponse:
     service = service_or_404(name)
     form = ServiceTokenForm(request.POST)
     if not form.is_valid():
-        messages.error(request, " ".join(m for errors in form.errors.values() for m in errors))
+        messages.error(request, " ".join(str(m) for errors in form.errors.values() for m in errors))
         return redirect("serving:service_detail", name=service.name)
     try:
         token, secret = tokens.issue_service_token(
             service,
             name=form.cleaned_data["name"],
             expires_at=form.expires_at(),
-            created_by=request.user,
+            created_by=acting_user(request),
         )
     except ValidationError as refused:
         messages.error(request, " ".join(refused.messages))

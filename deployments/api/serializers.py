@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.models import User
 from rest_framework import serializers
 
 from deployments.models import Deployment, DeploymentNode, ModelSource, Runtime
@@ -11,7 +12,9 @@ from nodes.models import Node
 class DeploymentNodeSerializer(serializers.ModelSerializer):
     """One node's part of a deployment: its job's phase, progress and outcome."""
 
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     # Plain strings in the schema: as choice fields they would name another set of choices
     # "state" beside pools' targets, which drf-spectacular warns about.
     state = serializers.CharField(
@@ -56,7 +59,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
         help_text="running while any node is pending or running, else failed if any failed, "
         "else succeeded.",
     )
-    created_by = serializers.SlugRelatedField(
+    created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True, help_text="Who started it."
     )
     nodes = DeploymentNodeSerializer(many=True, read_only=True)

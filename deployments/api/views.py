@@ -20,7 +20,7 @@ from deployments.api.serializers import (
     DeploymentSummarySerializer,
 )
 from deployments.models import Deployment
-from nexus.auth import StaffWritesAuthenticatedReads
+from nexus.auth import StaffWritesAuthenticatedReads, acting_user
 from nexus.models import ApiToken
 
 
@@ -57,7 +57,9 @@ class DeploymentViewSet(
         asked = DeploymentCreateSerializer(data=request.data)
         asked.is_valid(raise_exception=True)
         try:
-            deployment = services.create_deployment(**asked.validated_data, user=request.user)
+            deployment = services.create_deployment(
+                **asked.validated_data, user=acting_user(request)
+            )
         except ValidationError as invalid:
             raise serializers.ValidationError(invalid.message_dict) from None
         created = self.get_queryset().get(pk=deployment.pk)

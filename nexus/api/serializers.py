@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -32,7 +33,7 @@ class ApiTokenSerializer(serializers.ModelSerializer):
         required=False,
         help_text="Slugs of the pools the token may call; empty or omitted means all pools.",
     )
-    created_by = serializers.SlugRelatedField(
+    created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True, help_text="Who issued it."
     )
     revoked = serializers.BooleanField(source="is_revoked", read_only=True)

@@ -64,10 +64,10 @@ class Identity:
             )
             write_private_file(path, pem)
             return cls(key)
-        key = serialization.load_pem_private_key(pem, password=None)
-        if not isinstance(key, Ed25519PrivateKey):
+        loaded = serialization.load_pem_private_key(pem, password=None)
+        if not isinstance(loaded, Ed25519PrivateKey):
             raise ValueError(f"{path} does not hold an Ed25519 private key")
-        return cls(key)
+        return cls(loaded)
 
     @property
     def public_key(self) -> str:

@@ -45,7 +45,7 @@ _OWNERS = {
 }
 OLLAMA_PORT = 11434
 
-ServedModels = Callable[[], list[ServedModel]]
+ServedModels = Callable[[], Sequence[ServedModel]]
 
 
 def reported_state(entry: Mapping[str, Any]) -> str:

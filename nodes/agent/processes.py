@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import psutil
 
@@ -74,8 +74,10 @@ SPEC_FIELDS = frozenset(
 MODEL_FIELDS = frozenset({"id", "runtime", "digest", "health_path"})
 RESOURCE_FIELDS = frozenset({"cpu_count", "memory_bytes", "gpus"})
 
-# `ProcessManager.list` shadows the builtin inside the class, hence this name for its results.
+# `ProcessManager.list` shadows the builtin inside the class, hence these names for lists there.
 Records = list[dict[str, Any]]
+Actions = list[dict[str, Any]]  # pre-start actions: {"action": name, "args": {...}}
+Argv = list[str]
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,7 @@ class ProcessManager:
         self._poll_one(process)
         return process.record["state"], process.record["port"]
 
-    def served_models(self) -> list[ServedModel]:
+    def served_models(self) -> Sequence[ServedModel]:
         """Return the running processes' models, without copying records (forwarding's path)."""
         self._poll()
         served = []
@@ -306,9 +308,7 @@ class ProcessManager:
             raise invalid("cwd", f"{cwd} is not a directory")
         return resolved
 
-    def _resolve_action_paths(
-        self, actions: list[dict[str, Any]], cwd: Path
-    ) -> list[dict[str, Any]]:
+    def _resolve_action_paths(self, actions: Actions, cwd: Path) -> Actions:
         """Return the actions with their paths made absolute (relative ones from `cwd`).
 
         A path outside the allowed directories is refused with 403 naming the argument.
@@ -330,10 +330,10 @@ class ProcessManager:
     def _prestart_command(
         self,
         process_id: str,
-        argv: list[str],
+        argv: Argv,
         env: dict[str, str],
-        actions: list[dict[str, Any]],
-    ) -> list[str]:
+        actions: Actions,
+    ) -> Argv:
         """Write the runner's spec (mode 0600) and return the command that runs the runner."""
         directory = self.data_dir / PRESTART_DIR
         directory.mkdir(mode=0o700, exist_ok=True)
@@ -642,7 +642,7 @@ def _parse_pre_start_actions(actions: Any) -> list[dict[str, Any]]:
         raise invalid(error.field, error.problem) from None
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     # bool is an int subclass, but `true` is no port, line count or byte count.
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -671,7 +671,7 @@ def _substitute(text: str, port: int | None) -> str:
 
 def _substitute_action(action: dict[str, Any], port: int | None) -> dict[str, Any]:
     """Return the action with `${PORT}` replaced in its string arguments and command."""
-    args = {}
+    args: dict[str, Any] = {}
     for name, value in action["args"].items():
         if isinstance(value, list):
             args[name] = [_substitute(item, port) for item in value]

@@ -17,7 +17,9 @@ from nodes.agent.config import AgentConfig, agent_version, parse_args
 try:
     import uvloop
 except ImportError:  # optional speed-up; it ships with uvicorn[standard]
-    uvloop = None
+    HAVE_UVLOOP = False
+else:
+    HAVE_UVLOOP = True
 
 # How long shutdown waits for in-flight requests (a long stream would otherwise hold it).
 SHUTDOWN_GRACE_S = 2.0
@@ -66,7 +68,7 @@ async def serve(config: AgentConfig) -> None:
 def run(config: AgentConfig) -> None:
     """Serve until signalled."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    run_loop = uvloop.run if uvloop is not None else asyncio.run
+    run_loop = uvloop.run if HAVE_UVLOOP else asyncio.run
     with contextlib.suppress(KeyboardInterrupt):  # a SIGINT that lands before the handler is set
         run_loop(serve(config))
 

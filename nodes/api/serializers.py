@@ -81,7 +81,8 @@ class NodeModelSerializer(serializers.ModelSerializer):
     """A model a node serves, as its agent reported it at the latest refresh."""
 
     state = serializers.CharField(read_only=True, help_text="loaded, warm, cold or unknown.")
-    source = serializers.CharField(
+    # DRF's metaclass moves declared fields off the class: this is no Field.source, as stubs think.
+    source = serializers.CharField(  # type: ignore[assignment]
         read_only=True, help_text="managed (the agent runs it) or watched."
     )
 

@@ -174,7 +174,9 @@ class PoolSerializer(serializers.ModelSerializer):
 class RoutingRecordSerializer(serializers.ModelSerializer):
     """One routed request as listed: where it went and how it ended, without the explanation."""
 
-    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    pool: serializers.SlugRelatedField[Pool] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     # A plain string in the schema: as a choice field it would name RequestKind's choices a second
     # time (beside Target.kinds), which drf-spectacular warns about.
     kind = serializers.CharField(

@@ -383,9 +383,9 @@ def _smart(
     best = ranking[0]
     if best is sticky_ranked:
         kept = explain.factor("continuity", -sticky_bonus, explain.NOTE_STICKY_KEPT)
-        factors = best.factors
+        best_factors = best.factors
         ranking[0] = explain.ranked(
-            best.target_id, best.name, best.score, (*factors[:4], kept, *factors[5:])
+            best.target_id, best.name, best.score, (*best_factors[:4], kept, *best_factors[5:])
         )
         return tuple(ranking), "kept"
     if sticky_index >= n_healthy and n_healthy:

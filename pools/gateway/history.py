@@ -183,9 +183,9 @@ def write_rows(rows: list[HistoryRow]) -> int:
 def _records(rows: list[HistoryRow]) -> list[RoutingRecord]:
     # Pools and targets may have been deleted since the requests: rows of a deleted pool go with
     # it (as its history would have), and a deleted target is kept by name only.
-    wanted_pools = {row.get("pool_id") for row in rows}
+    wanted_pools = {pool for row in rows if (pool := row.get("pool_id")) is not None}
     pool_ids = set(Pool.objects.filter(pk__in=wanted_pools).values_list("pk", flat=True))
-    wanted_targets = {row.get("target_id") for row in rows} - {None}
+    wanted_targets = {target for row in rows if (target := row.get("target_id")) is not None}
     target_ids = set(Target.objects.filter(pk__in=wanted_targets).values_list("pk", flat=True))
     records = []
     for row in rows:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
@@ -16,12 +18,14 @@ from pools.gateway.snapshot import EMPTY, Snapshot, current_version, load_snapsh
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 def _touch_tokens(token_ids: list[int]) -> None:
     ApiToken.objects.filter(pk__in=token_ids).update(last_used_at=timezone.now())
 
 
-def _guarded(function, *args):  # type: ignore[no-untyped-def]
+def _guarded(function: Callable[..., T], *args: Any) -> T:
     try:
         return function(*args)
     except Exception:

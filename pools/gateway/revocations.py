@@ -89,14 +89,15 @@ class Listener:
 
     async def start(self) -> None:
         """Subscribe (waiting for Redis to confirm, about a second at most), then listen."""
-        pubsub: aioredis.client.PubSub | None = self._redis.pubsub()
+        pubsub = self._redis.pubsub()
+        subscribed: aioredis.client.PubSub | None = pubsub
         try:
             await asyncio.wait_for(self._subscribe(pubsub), SUBSCRIBE_TIMEOUT_S)
         except (RedisError, OSError, TimeoutError):
             log.warning("revocation announcements unavailable (Redis unreachable)")
             await self._discard(pubsub)
-            pubsub = None
-        self._task = asyncio.create_task(self._listen_forever(pubsub))
+            subscribed = None
+        self._task = asyncio.create_task(self._listen_forever(subscribed))
 
     async def aclose(self) -> None:
         """Stop listening and close the connections."""

@@ -289,8 +289,9 @@ class ServiceSerializer(serializers.ModelSerializer):
 class ServiceDetailSerializer(ServiceSerializer):
     """A service with both revisions in full while they differ, its routes and its history."""
 
-    latest_revision = RevisionSerializer(read_only=True, allow_null=True)
-    running_revision = RevisionSerializer(read_only=True, allow_null=True)
+    # Declared fields are per class (DRF's metaclass), so these may replace the summary's numbers.
+    latest_revision = RevisionSerializer(read_only=True, allow_null=True)  # type: ignore[assignment]
+    running_revision = RevisionSerializer(read_only=True, allow_null=True)  # type: ignore[assignment]
     updating = serializers.SerializerMethodField(
         help_text="True while the latest revision is not the one the replicas run."
     )
@@ -306,7 +307,8 @@ class ServiceDetailSerializer(ServiceSerializer):
 
     @extend_schema_field(RouteSerializer(many=True))
     def get_routes(self, service: Service) -> list[dict[str, Any]]:
-        return RouteSerializer(services.shown_routes(service), many=True).data
+        # many=True makes a ReturnList; the stubs type every serializer's data as a ReturnDict.
+        return RouteSerializer(services.shown_routes(service), many=True).data  # type: ignore[return-value]
 
 
 class LaunchFieldsSerializer(serializers.Serializer):

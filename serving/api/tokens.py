@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
@@ -21,7 +22,7 @@ class ServiceTokenSerializer(serializers.ModelSerializer):
     """A service token as listed: its state and expiry, never its secret."""
 
     status = serializers.SerializerMethodField(help_text="valid, expired or revoked.")
-    created_by = serializers.SlugRelatedField(
+    created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True, help_text="Who issued it."
     )
 

@@ -162,13 +162,15 @@ def _environment(problems: Problems, path: str, value: object) -> Environment | 
     if data is None:
         return None
     check_keys(problems, path, data, ENVIRONMENT_KEYS)
-    found = {}
-    for key in ENVIRONMENT_KEYS:
-        if require(problems, path, data, key):
-            found[key] = check_string(problems, key_path(path, key), data[key])
-    if None in found.values() or len(found) < len(ENVIRONMENT_KEYS):
+    image, architecture = (
+        check_string(problems, key_path(path, key), data[key])
+        if require(problems, path, data, key)
+        else None
+        for key in ENVIRONMENT_KEYS
+    )
+    if image is None or architecture is None:
         return None
-    return Environment(**found)
+    return Environment(image=image, architecture=architecture)
 
 
 def _slots(problems: Problems, path: str, value: object) -> dict[str, int | float]:

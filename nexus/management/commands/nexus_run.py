@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -266,7 +267,7 @@ def start_processes(
     """Start the demo engines, the local agent, daphne and the Celery worker with beat; wait
     until each is ready."""
     python = sys.executable
-    probes = []
+    probes: list[tuple[Child, str, tuple[int, ...]]] = []
     for engine, port in zip(DEMO_ENGINES, ports, strict=True):
         argv = [
             python, "-m", "serving.runtimes.simulator", "--host", "127.0.0.1",
@@ -289,12 +290,12 @@ def start_processes(
         "worker",
         [python, "-m", "celery", "-A", "nexus", "worker", "--beat",
          "--concurrency", str(WORKER_CONCURRENCY), "--hostname", node,
-         "--loglevel", settings.LOGGING["root"]["level"],
+         "--loglevel", settings.NEXUS_LOG_LEVEL,
          # One worker needs no syncing with peers; skipping it saves a second at start.
          "--without-mingle", "--without-gossip"],
     )  # fmt: skip
     for child, url, statuses in probes:
-        supervisor.wait_ready(child, lambda url=url, statuses=statuses: http_answers(url, statuses))
+        supervisor.wait_ready(child, partial(http_answers, url, statuses))
     supervisor.wait_ready(local_agent, agent.answers)
     supervisor.wait_ready(
         worker, lambda: bool(celery_app.control.ping(destination=[node], timeout=0.5))

@@ -20,7 +20,9 @@ from .engine import Engine
 try:
     import uvloop
 except ImportError:  # optional speed-up; it ships with uvicorn[standard]
-    uvloop = None
+    HAVE_UVLOOP = False
+else:
+    HAVE_UVLOOP = True
 
 # How long shutdown waits for in-flight requests; hung requests would otherwise block it.
 SHUTDOWN_GRACE_S = 0.5
@@ -54,10 +56,10 @@ class Listener:
         """Return whether connections are being refused."""
         return self._site is None
 
-    def reserve(self) -> None:
-        """Bind the port without listening."""
+    def reserve(self) -> socket.socket:
+        """Bind the port without listening; return the bound socket."""
         if self._reserved is not None:
-            return
+            return self._reserved
         family, kind, proto, _, address = socket.getaddrinfo(
             self._host, self._port, type=socket.SOCK_STREAM
         )[0]
@@ -71,13 +73,13 @@ class Listener:
             raise
         self._port = sock.getsockname()[1]
         self._reserved = sock
+        return sock
 
     async def accept(self) -> None:
         """Listen for connections."""
         if self._site is not None:
             return
-        self.reserve()
-        site = web.SockSite(self._runner, self._reserved)
+        site = web.SockSite(self._runner, self.reserve())
         await site.start()
         # The site's server owns the socket now and closes it when stopped.
         self._reserved = None
@@ -215,6 +217,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Parse the command line and serve until signalled."""
     config = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    run = uvloop.run if uvloop is not None else asyncio.run
+    run = uvloop.run if HAVE_UVLOOP else asyncio.run
     with contextlib.suppress(KeyboardInterrupt):  # a SIGINT that lands before the handler is set
         run(serve(config))
