@@ -12,7 +12,8 @@ ENV PYTHONPATH=/app \
 
 WORKDIR /app
 COPY . .
-RUN pip install . \
+# The locked versions (requirements/constraints.txt, written by `make lock`), as every checkout gets.
+RUN pip install --constraint requirements/constraints.txt . \
     && useradd --system --create-home --home-dir /home/nexus nexus \
     && mkdir -p /data \
     && chown nexus /data

@@ -76,4 +76,4 @@ def test_the_image_is_python_311_slim_with_nexus_installed() -> None:
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
 
     assert "FROM python:3.11-slim" in dockerfile
-    assert "pip install ." in dockerfile
+    assert "pip install --constraint requirements/constraints.txt ." in dockerfile
