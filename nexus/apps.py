@@ -10,4 +10,6 @@ class NexusConfig(AppConfig):
     verbose_name = "Nexus"
 
     def ready(self) -> None:
-        from nexus import checks, signals  # noqa: F401  (registers checks and receivers)
+        from nexus import checks, signals  # noqa: F401  (registers checks)
+
+        signals.connect_config_inputs()

@@ -1,10 +1,13 @@
-"""Shared models: client API tokens and the configuration version the gateway watches."""
+"""Shared models: client API tokens, and the configuration the gateway's snapshot follows."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import secrets
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
+from typing import Any, ClassVar, TypeVar
 
 from django.conf import settings
 from django.db import models
@@ -19,7 +22,147 @@ def hash_token(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
+class ConfigVersion(models.Model):
+    """One row whose number rises on every change the gateway's snapshot depends on."""
+
+    version = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"configuration version {self.version}"
+
+    @classmethod
+    def bump(cls) -> None:
+        """Announce a configuration change to every gateway process."""
+        if not cls.objects.filter(pk=1).update(version=F("version") + 1):
+            cls.objects.get_or_create(pk=1, defaults={"version": 1})
+
+    @classmethod
+    def current(cls) -> int:
+        row = cls.objects.filter(pk=1).values_list("version", flat=True).first()
+        return row or 0
+
+
+M = TypeVar("M", bound="ConfigInput")
+
+
+class ConfigInputQuerySet(models.QuerySet[M]):
+    """Bulk writes that announce a change to the fields the gateway's snapshot reads.
+
+    update() and bulk_create() send no model signals, so they bump ConfigVersion themselves (in
+    the caller's transaction, like a save); bulk_update() runs through update(). delete() sends
+    post_delete for every row, which ConfigInput's receivers announce.
+    """
+
+    def update(self, **kwargs: Any) -> int:
+        changed = super().update(**kwargs)
+        if changed and self.model.reads_any(kwargs):
+            ConfigVersion.bump()
+        return changed
+
+    def bulk_create(self, objs: Iterable[M], *args: Any, **kwargs: Any) -> list[M]:
+        created = super().bulk_create(objs, *args, **kwargs)
+        if created:
+            ConfigVersion.bump()
+            for obj in created:
+                obj.remember_config()
+        return created
+
+    def bulk_update(
+        self, objs: Iterable[M], fields: Sequence[str], batch_size: int | None = None
+    ) -> int:
+        objs = list(objs)
+        changed = super().bulk_update(objs, fields, batch_size)
+        for obj in objs:
+            obj.remember_config(fields)
+        return changed
+
+
+class ConfigInput(models.Model):
+    """A model the gateway's snapshot reads: its changes to `config_fields` reach every gateway.
+
+    A subclass names the fields the snapshot (pools.gateway.snapshot.load_snapshot) reads in
+    `config_fields`. Creating or deleting a row, a save() that changes one of those fields, and
+    the bulk writes of ConfigInputQuerySet bump ConfigVersion inside the caller's transaction,
+    so a change that is rolled back is never announced (the receivers are in nexus.signals).
+    A save() compares with the values the instance was loaded with (or last saved, refreshed or
+    bulk-written): a node's frequent `last_seen_at` refresh announces nothing. An instance held
+    across someone else's update() should be refreshed before it is saved, as in any Django code.
+    """
+
+    config_fields: ClassVar[frozenset[str]] = frozenset()
+
+    objects = ConfigInputQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Collection[str], values: Collection[Any]) -> Any:
+        instance = super().from_db(db, field_names, values)
+        instance.remember_config()
+        return instance
+
+    def refresh_from_db(
+        self, using: str | None = None, fields: Iterable[str] | None = None, **kwargs: Any
+    ) -> None:
+        fields = list(fields) if fields is not None else None
+        super().refresh_from_db(using, fields, **kwargs)
+        self.remember_config(fields)
+
+    @classmethod
+    def config_attnames(cls) -> dict[str, str]:
+        """Return the attribute name of each config field by its name and by its attname."""
+        names: dict[str, str] | None = cls.__dict__.get("_config_attnames")
+        if names is None:
+            names = {}
+            for name in cls.config_fields:
+                attname = cls._meta.get_field(name).attname
+                names[name] = names[attname] = attname
+            cls._config_attnames = names  # type: ignore[attr-defined]
+        return names
+
+    @classmethod
+    def reads_any(cls, names: Iterable[str]) -> bool:
+        """Say whether writing these fields (names or attnames) changes what the snapshot reads."""
+        attnames = cls.config_attnames()
+        return any(name in attnames for name in names)
+
+    def remember_config(self, fields: Iterable[str] | None = None) -> None:
+        """Remember the stored values of the config fields (these only, when given)."""
+        attnames = self.config_attnames()
+        if fields is None:
+            wanted = set(attnames.values())
+        else:
+            wanted = {attnames[name] for name in fields if name in attnames}
+        current = self.__dict__
+        # A new dict each time: a shallow copy of the instance must not share it.
+        remembered = dict(current.get("_config_stored", {}))
+        for attname in wanted:
+            if attname in current:  # not deferred
+                value = current[attname]
+                # JSON lists and dicts may be changed in place later; a copy keeps what was stored.
+                remembered[attname] = (
+                    copy.deepcopy(value) if isinstance(value, list | dict) else value
+                )
+        current["_config_stored"] = remembered
+
+    def config_changed(self, update_fields: Collection[str] | None) -> bool:
+        """Say whether the save just made wrote a config field with a new value; remember it."""
+        attnames = self.config_attnames()
+        written = set(attnames.values())
+        if update_fields is not None:
+            written = {attnames[name] for name in update_fields if name in attnames}
+        remembered = self.__dict__.get("_config_stored", {})
+        current = self.__dict__
+        changed = any(
+            attname not in remembered or remembered[attname] != current.get(attname)
+            for attname in written
+        )
+        self.remember_config(written)
+        return changed
+
+
+class ApiTokenQuerySet(ConfigInputQuerySet["ApiToken"]):
     def usable(self) -> ApiTokenQuerySet:
         """Return tokens that are neither revoked nor expired."""
         now = timezone.now()
@@ -28,8 +171,12 @@ class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
         )
 
 
-class ApiToken(models.Model):
+class ApiToken(ConfigInput):
     """A client token: calls /v1 and the admin API; scoped to all pools or a list of pools."""
+
+    config_fields = frozenset(
+        {"name", "token_hash", "all_pools", "pools", "services", "expires_at", "revoked_at"}
+    )
 
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, help_text="The first characters, to recognise it.")
@@ -104,23 +251,3 @@ class ApiToken(models.Model):
 
     def may_use_service(self, name: str) -> bool:
         return name in self.services
-
-
-class ConfigVersion(models.Model):
-    """One row whose number rises on every change the gateway's snapshot depends on."""
-
-    version = models.BigIntegerField(default=0)
-
-    def __str__(self) -> str:
-        return f"configuration version {self.version}"
-
-    @classmethod
-    def bump(cls) -> None:
-        """Announce a configuration change to every gateway process."""
-        if not cls.objects.filter(pk=1).update(version=F("version") + 1):
-            cls.objects.get_or_create(pk=1, defaults={"version": 1})
-
-    @classmethod
-    def current(cls) -> int:
-        row = cls.objects.filter(pk=1).values_list("version", flat=True).first()
-        return row or 0

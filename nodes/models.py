@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from django.db import models
 
 from nexus import crypto
+from nexus.models import ConfigInput
 
 if TYPE_CHECKING:
     from nodes.client import AgentClient
@@ -44,8 +45,12 @@ class ModelSource(models.TextChoices):
     WATCHED = "watched", "Watched"
 
 
-class Node(models.Model):
+class Node(ConfigInput):
     """A machine running the Nexus agent, reached at its address with the node credential."""
+
+    # What a target on the node is routed by: its URL, its credential, whether it may take
+    # traffic (and the node's name, in the reason why not). Not the frequent last_seen_at.
+    config_fields = frozenset({"name", "address", "credential_encrypted", "trust", "status"})
 
     name = models.SlugField(max_length=64, unique=True)
     address = models.URLField(

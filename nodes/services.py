@@ -2,8 +2,8 @@
 
 A node is trusted only after the operator confirms the fingerprint of the key it proved it holds
 (a signed challenge, on add and on every refresh). Whatever changes whether a node may take
-traffic (trust, status, address, credential) or what it serves bumps the configuration version,
-so every gateway rebuilds its snapshot.
+traffic (trust, status, address, credential) announces itself to every gateway through the
+model (`nexus.models.ConfigInput`), so each rebuilds its snapshot.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError, QuerySet
 from django.utils import timezone
 
-from nexus.models import ConfigVersion
 from nodes.agent.identity import fingerprint_of, verify_challenge
 from nodes.client import AgentClient, AgentRefused, AgentUnreachable
 from nodes.models import ModelSource, ModelState, Node, NodeModel, NodeStatus, NodeTrust
@@ -147,7 +146,6 @@ def update_node(
             _distrust(node, _identity_changed(node, identity))
         _store_identity(node, identity)
         node.save()
-        ConfigVersion.bump()
     return refresh_node(node) if node.trust == NodeTrust.TRUSTED else node
 
 
@@ -164,7 +162,6 @@ def confirm_node(node: Node, fingerprint: str) -> Node:
         node.trusted_at = timezone.now()
         node.last_error = ""
         node.save(update_fields=["trust", "trusted_at", "last_error", "updated_at"])
-        ConfigVersion.bump()
     log.info("node %s trusted (%s)", node.name, node.fingerprint)
     return refresh_node(node)
 
@@ -175,7 +172,6 @@ def reject_node(node: Node) -> Node:
         node.trust = NodeTrust.REJECTED
         node.trusted_at = None
         node.save(update_fields=["trust", "trusted_at", "updated_at"])
-        ConfigVersion.bump()
     log.info("node %s rejected", node.name)
     return node
 
@@ -323,7 +319,6 @@ def _apply(node_id: int, observation: Observation) -> Node | None:
         changed = _sync_inventory(node, observation.models, now) or changed
     node.save()
     if changed:
-        ConfigVersion.bump()
         if node.trust != NodeTrust.TRUSTED:
             log.warning("node %s is pending again: %s", node.name, node.last_error)
         elif node.status == NodeStatus.OFFLINE:

@@ -10,8 +10,11 @@ from django.db import models
 from django.utils import timezone
 
 from nexus import crypto
+from nexus.choices import choices_of
+from nexus.models import ConfigInput
 from nodes import services as node_services
 from nodes.models import NodeTrust
+from pools.balancer import snapshot as balancer
 
 if TYPE_CHECKING:
     from nodes.models import Node
@@ -24,12 +27,7 @@ class CompatibilityMode(models.TextChoices):
     EQUIVALENT_GENERATION = "equivalent_generation", "Equivalent generation"
 
 
-class Strategy(models.TextChoices):
-    SMART = "smart", "Smart"
-    PRIORITY = "priority", "Priority"
-    CAPACITY = "capacity", "Capacity"
-    LEAST_BUSY = "least_busy", "Least busy"
-    ROUND_ROBIN = "round_robin", "Round robin"
+Strategy = choices_of(balancer.Strategy, "Strategy", __name__)
 
 
 class RequestKind(models.TextChoices):
@@ -38,32 +36,25 @@ class RequestKind(models.TextChoices):
     EMBEDDINGS = "embeddings", "Embeddings"
 
 
-class TargetState(models.TextChoices):
-    """Where a target stands in draining (the balancer's DrainState has the same values)."""
-
-    ACTIVE = "active", "Active"
-    DRAINING = "draining", "Draining"
-    DRAINED = "drained", "Drained"
-
-
-class TargetHealth(models.TextChoices):
-    """Active probes' verdict on a target (the balancer's Health has the same values).
-
-    Only service-managed targets are probed; every other target stays healthy and is judged
-    by passive health (real request failures) alone.
-    """
-
-    HEALTHY = "healthy", "Healthy"
-    DEGRADED = "degraded", "Degraded"  # latest probe failed: ranked after every healthy target
-    UNHEALTHY = "unhealthy", "Unhealthy"
+# Where a target stands in draining: the balancer's DrainState as Django choices.
+TargetState = choices_of(balancer.DrainState, "TargetState", __name__)
+# The active probes' verdict on a target: the balancer's Health as Django choices. Only
+# service-managed targets are probed; every other target stays healthy and is judged by passive
+# health (real request failures) alone.
+TargetHealth = choices_of(balancer.Health, "TargetHealth", __name__)
 
 
 def all_request_kinds() -> list[str]:
     return [kind.value for kind in RequestKind]
 
 
-class Pool(models.Model):
+class Pool(ConfigInput):
     """A stable model address backed by compatible targets."""
+
+    config_fields = frozenset(
+        {"slug", "name", "created_at", "strategy", "continuity_enabled", "continuity_threshold",
+         "max_queue", "max_queue_wait_s", "max_attempts", "managed"}
+    )  # fmt: skip
 
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=64, unique=True, help_text="Fixed once created.")
@@ -116,8 +107,13 @@ class Pool(models.Model):
                 raise ValidationError({"slug": "A pool's slug cannot change: apps call it."})
 
 
-class Target(models.Model):
+class Target(ConfigInput):
     """One model endpoint in a pool, with its own capacity, priority and credential."""
+
+    config_fields = frozenset(
+        {"pool", "name", "node", "base_url", "model_id", "priority", "capacity_weight", "kinds",
+         "credential_encrypted", "enabled", "state", "health", "position"}
+    )  # fmt: skip
 
     pool = models.ForeignKey(Pool, related_name="targets", on_delete=models.CASCADE)
     name = models.CharField(max_length=100)

@@ -10,7 +10,6 @@ import httpx
 from django.db import transaction
 from django.utils import timezone
 
-from nexus.models import ConfigVersion
 from pools import live
 from pools.models import (
     CompatibilityMode,
@@ -99,8 +98,8 @@ def mark_drained(target_ids: list[int]) -> int:
         state=TargetState.DRAINED, state_changed_at=timezone.now()
     )
     if changed:
-        # update() sends no signals: announce the change to every gateway and page ourselves.
-        ConfigVersion.bump()
+        # update() sends no signals: tell the pages ourselves (the gateways hear of it from
+        # Target's queryset).
         transaction.on_commit(live.pools_changed, robust=True)
     return changed
 
@@ -168,8 +167,8 @@ def set_managed_targets(pool: Pool, wanted: Mapping[str, ManagedTarget]) -> dict
     """Make the managed pool's targets exactly `wanted` (by target name); return them by name.
 
     Saved with bulk writes, not `Target.save()`, which would point a node target at the node's
-    /v1: a replica is reached at its own process's URL on the agent. The configuration version
-    is bumped, and pages told, only when something changed.
+    /v1: a replica is reached at its own process's URL on the agent. The bulk writes announce
+    themselves to the gateways (Target's queryset); pages are told only when something changed.
     """
     # Locks the pool's row (where the database can) so that two callers (the reconciler and the
     # health probes) never both create one target.
@@ -207,7 +206,6 @@ def set_managed_targets(pool: Pool, wanted: Mapping[str, ManagedTarget]) -> dict
         changed, [*_MANAGED_FIELDS, "state", "state_changed_at", "updated_at"]
     )
     if gone or created or changed:
-        ConfigVersion.bump()
         transaction.on_commit(live.pools_changed, robust=True)
     return {target.name: target for target in pool.targets.all()}
 

@@ -1,4 +1,7 @@
-"""Announce pool, target and token changes to every gateway's snapshot and every open pools page."""
+"""Push pool and target changes to every open pools page; keep node targets' URLs in step.
+
+(The gateways hear of configuration changes from the models themselves: nexus.models.ConfigInput.)
+"""
 
 from __future__ import annotations
 
@@ -8,19 +11,11 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from nexus.models import ApiToken, ConfigVersion
+from nexus.models import ApiToken
 from nodes.models import Node
 from pools import live
 from pools.gateway import revocations
 from pools.models import Pool, Target, node_base_url
-
-
-@receiver(post_save, sender=Pool)
-@receiver(post_delete, sender=Pool)
-@receiver(post_save, sender=Target)
-@receiver(post_delete, sender=Target)
-def announce_pool_change(sender: type, **kwargs: object) -> None:
-    ConfigVersion.bump()
 
 
 @receiver(post_save, sender=Pool)

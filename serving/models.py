@@ -12,6 +12,10 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Lower
 
+from nexus.choices import choices_of
+from nexus.models import ConfigInput
+from serving.health import ProbeVerdict
+
 FOLDER_NAME_MAX_LENGTH = 100
 # Starting with a letter or digit rules out ".", "..", hidden names and our own ".nexus-*" files.
 FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -136,12 +140,15 @@ class ServiceLifecycle(models.TextChoices):
     DESTROYED = "destroyed", "Destroyed"
 
 
-class Service(models.Model):
+class Service(ConfigInput):
     """A model service (an endpoint): N replicas of its latest revision, behind one URL.
 
     Its replicas are the targets of a pool it owns (`pool`), so /serve/<name>/ and
     `@pool/<name>` go through the same balancer as every pool.
     """
+
+    # The gateway routes /serve/<name>/ and `@pool/<name>` by these (through the pool's service).
+    config_fields = frozenset({"name", "open_to_public", "desired_replicas", "lifecycle", "pool"})
 
     name = models.SlugField(
         max_length=64, help_text="Unique among services that are not destroyed; in the URL."
@@ -263,12 +270,9 @@ class RouteState(models.TextChoices):
     FAILED_TO_START = "failed_to_start", "Failed to start"
 
 
-class ProbeResult(models.TextChoices):
-    """The latest active probe's verdict, apart from the route's state."""
-
-    UNKNOWN = "unknown", "Not probed yet"
-    PASSED = "passed", "Passed"
-    FAILED = "failed", "Failed"  # a HEALTHY route with this is degraded
+# The latest active probe's verdict, apart from the route's state: health's ProbeVerdict as
+# Django choices. A HEALTHY route whose latest probe FAILED is degraded.
+ProbeResult = choices_of(ProbeVerdict, "ProbeResult", __name__, {"unknown": "Not probed yet"})
 
 
 class Route(models.Model):

@@ -17,7 +17,6 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, models, transaction
 from django.db.models import Count, Max, Q, QuerySet
 
-from nexus.models import ConfigVersion
 from pools.models import Pool
 from serving.defaults import DEFAULT_GROUP
 from serving.definitions import parse_memory
@@ -229,13 +228,9 @@ def update_service(service: Service, *, actor: User | None = None, **changes: An
                 locked, number, actor, launch=launch, **{**settings, "resource_slots": slots}
             )
             locked.latest_revision = revision
-        public_changed = locked.open_to_public != public
         locked.desired_replicas = replicas
         locked.open_to_public = public
         locked.save()
-        if public_changed:
-            # The gateway decides per request whether a token is needed, from its snapshot.
-            ConfigVersion.bump()
     service.refresh_from_db()
     assert service.latest_revision is not None
     return service.latest_revision
@@ -252,13 +247,11 @@ def delete_service(service: Service) -> Service:
     if service.lifecycle == ServiceLifecycle.DESTROYED:
         raise ServiceGone([LaunchProblem("", "", f"the service {service.name!r} is destroyed")])
     with transaction.atomic():
-        claimed = Service.objects.filter(pk=service.pk, lifecycle=ServiceLifecycle.ACTIVE).update(
+        # Its managed pool stops taking requests from the gateway's next snapshot on.
+        Service.objects.filter(pk=service.pk, lifecycle=ServiceLifecycle.ACTIVE).update(
             lifecycle=ServiceLifecycle.DESTROYING,
             status_message="Destroying: draining and stopping the replicas.",
         )
-        if claimed:
-            # Its managed pool stops taking requests from the gateway's next snapshot on.
-            ConfigVersion.bump()
     service.refresh_from_db()
     return service
 

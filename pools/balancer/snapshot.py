@@ -20,6 +20,16 @@ class SkipReason(StrEnum):
     FULL = "full"
 
 
+class Strategy(StrEnum):
+    """How a pool ranks the candidates of a tier (docs/balancer.md)."""
+
+    SMART = "smart"
+    PRIORITY = "priority"
+    CAPACITY = "capacity"
+    LEAST_BUSY = "least_busy"
+    ROUND_ROBIN = "round_robin"
+
+
 class DrainState(StrEnum):
     """Where a target stands in draining: draining takes no new requests, drained has none left."""
 
@@ -66,7 +76,7 @@ class TargetView:
 class PoolPolicy:
     """The pool settings a decision depends on."""
 
-    strategy: str  # a pools.models.Strategy value
+    strategy: str  # a Strategy value
     continuity_enabled: bool = True
     continuity_threshold: float = 0.25  # how much worse (score) the sticky target may be
 

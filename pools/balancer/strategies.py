@@ -23,6 +23,7 @@ from pools.balancer.snapshot import (
     RequestFacts,
     Skipped,
     SkipReason,
+    Strategy,
     TargetView,
 )
 
@@ -181,7 +182,7 @@ def _continuity_elsewhere(
 ) -> str:
     """Return the continuity text when the sticky target is not a candidate of the tier."""
     sticky = request.sticky_target_id
-    if sticky is None or not policy.continuity_enabled or policy.strategy != "smart":
+    if sticky is None or not policy.continuity_enabled or policy.strategy != Strategy.SMART:
         return "none"
     for skip in skipped:
         if skip.target_id == sticky:
@@ -195,7 +196,7 @@ def _continuity_elsewhere(
 # A strategy ranks the chosen tier's candidates, given as the healthy ones and the degraded ones
 # (used only when no healthy target has room). It returns the ranking, best first, and the
 # continuity text, or None when the sticky target is not a candidate (decide() says why).
-Strategy = Callable[
+Ranker = Callable[
     [list[TargetView], list[TargetView], PoolPolicy, RequestFacts, random.Random, int],
     tuple[tuple[Ranked, ...], str | None],
 ]
@@ -581,10 +582,10 @@ def _configured_order(target: TargetView) -> tuple[int, int]:
     return (target.position, target.id)
 
 
-_STRATEGIES: dict[str, Strategy] = {
-    "smart": _smart,
-    "priority": _priority,
-    "capacity": _capacity,
-    "least_busy": _least_busy,
-    "round_robin": _round_robin,
+_STRATEGIES: dict[str, Ranker] = {
+    Strategy.SMART: _smart,
+    Strategy.PRIORITY: _priority,
+    Strategy.CAPACITY: _capacity,
+    Strategy.LEAST_BUSY: _least_busy,
+    Strategy.ROUND_ROBIN: _round_robin,
 }

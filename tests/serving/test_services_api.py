@@ -598,8 +598,9 @@ def test_changing_replicas_or_access_makes_no_revision(owner: APIClient) -> None
     )
     assert opened.json()["open_to_public"] is True
     assert Revision.objects.count() == 1
-    # Only the access change concerns the gateway.
-    assert ConfigVersion.current() == version + 1
+    # Both reach the gateway: access decides who may call, the replica count is in its answer
+    # when no replica is ready ("0 of 4 ready").
+    assert ConfigVersion.current() == version + 2
 
 
 def test_changing_a_launch_setting_makes_a_new_immutable_revision(owner: APIClient) -> None:
