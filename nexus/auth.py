@@ -1,4 +1,4 @@
-"""Client-token authentication for the admin API, and its permission policy."""
+"""Client-token authentication (admin API, metrics) and the admin API's permission policy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from django.http import HttpRequest
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from nexus import scopes
 from nexus.models import ApiToken, hash_token
+
+
+class TokenRefused(Exception):
+    """The bearer token is unknown, revoked or expired; the message says which, for the caller."""
 
 
 def bearer_secret(header: str) -> str | None:
@@ -20,23 +25,36 @@ def bearer_secret(header: str) -> str | None:
     return value.strip()
 
 
+def bearer_token(header: str) -> ApiToken | None:
+    """Return the usable token of an `Authorization: Bearer` header value; None without one.
+
+    Raises TokenRefused for an unknown, revoked or expired token. What the token may call is
+    the caller's question (`ApiToken.may_call`).
+    """
+    secret = bearer_secret(header)
+    if secret is None:
+        return None
+    token = (
+        ApiToken.objects.select_related("created_by").filter(token_hash=hash_token(secret)).first()
+    )
+    if token is None or token.is_revoked:
+        raise TokenRefused("Invalid token.")
+    if token.is_expired:
+        raise TokenRefused("Token expired.")
+    return token
+
+
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     """Authenticate API calls by a client token; the user is whoever created it."""
 
     def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
-        secret = bearer_secret(request.headers.get("Authorization", ""))
-        if secret is None:
+        try:
+            token = bearer_token(request.headers.get("Authorization", ""))
+        except TokenRefused as refused:
+            raise exceptions.AuthenticationFailed(str(refused)) from None
+        if token is None:
             return None
-        token = (
-            ApiToken.objects.select_related("created_by")
-            .filter(token_hash=hash_token(secret))
-            .first()
-        )
-        if token is None or token.is_revoked:
-            raise exceptions.AuthenticationFailed("Invalid token.")
-        if token.is_expired:
-            raise exceptions.AuthenticationFailed("Token expired.")
-        if token.services:
+        if not token.may_call(scopes.ADMIN_API):
             raise exceptions.AuthenticationFailed(
                 "A service token calls its service (/serve/<name>/ or @pool/<name>), "
                 "not the admin API."

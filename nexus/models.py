@@ -14,6 +14,8 @@ from django.db import models
 from django.db.models import F
 from django.utils import timezone
 
+from nexus import scopes
+
 TOKEN_PREFIX = "nx-"
 
 
@@ -246,8 +248,12 @@ class ApiToken(ConfigInput):
         self.revoked_at = timezone.now()
         self.save(update_fields=["revoked_at"])
 
-    def may_use_pool(self, slug: str) -> bool:
-        return self.all_pools or slug in self.pools
+    @property
+    def scope(self) -> scopes.TokenScope:
+        return scopes.TokenScope(
+            all_pools=self.all_pools, pools=frozenset(self.pools), services=frozenset(self.services)
+        )
 
-    def may_use_service(self, name: str) -> bool:
-        return name in self.services
+    def may_call(self, callee: scopes.Callee) -> bool:
+        """Say whether the token's scope lets it call the callee (validity is checked apart)."""
+        return scopes.may_call(self.scope, callee)

@@ -8,7 +8,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from nexus import views
-from pools.gateway.metrics import metrics_view
+from pools.views import metrics_view
 
 urlpatterns = [
     path("", views.home, name="home"),

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.db import transaction
 from django.utils import timezone
 
 from pools import live
+from pools.balancer.continuity import continuity_keys
+from pools.balancer.snapshot import Decision, RequestFacts
+from pools.balancer.strategies import decide
+from pools.gateway.snapshot import PoolEntry, pool_entry
 from pools.models import (
     CompatibilityMode,
     Pool,
+    RoutingRecord,
     Target,
     TargetHealth,
     TargetState,
@@ -77,6 +83,74 @@ def ensure_demo_pool(ports: Sequence[int]) -> tuple[Pool, bool]:
             position=position,
         )
     return pool, True
+
+
+# -- dry run and replay: what the balancer would decide now, from any process ------------------
+
+
+def dry_run(
+    pool: Pool, *, kind: str, headers: Mapping[str, str], body: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Return the ranking the pool's strategy would produce now for a sample request.
+
+    Nothing is routed. The targets' live state is what every gateway process published
+    (pools.live), so the answer is the same whichever process the call lands in; `live` says
+    whether any gateway process was seen (else the configuration at rest: nothing in flight).
+    """
+    entry = pool_entry(pool)
+    state = live.live_state([target.id for target in entry.targets])
+    enabled = entry.policy.continuity_enabled
+    session_key, prefix_key = continuity_keys(entry.slug, enabled, kind, headers, body)
+    sticky, prefixed = live.ask_affinity(state.processes, session_key, prefix_key)
+    facts = RequestFacts(kind=kind, sticky_target_id=sticky, prefix_target_id=prefixed)
+    return {
+        "pool": pool.slug,
+        "live": state.gateways > 0,
+        "gateways": state.gateways,
+        "request": _facts(facts),
+        **_decide_now(entry, facts, state).to_dict(),
+    }
+
+
+def replay(record: RoutingRecord) -> dict[str, Any]:
+    """Re-rank a past request against the current configuration and live state; say what changed."""
+    asked = record.decision.get("request", {})
+    facts = RequestFacts(
+        kind=record.kind,
+        sticky_target_id=asked.get("sticky_target_id"),
+        prefix_target_id=asked.get("prefix_target_id"),
+    )
+    entry = pool_entry(record.pool)
+    state = live.live_state([target.id for target in entry.targets])
+    decision = _decide_now(entry, facts, state)
+    then_target = record.decision.get("target_id", record.target_id)
+    return {
+        "request_id": record.request_id,
+        "live": state.gateways > 0,
+        "gateways": state.gateways,
+        "then": record.decision,
+        "now": {"request": _facts(facts), **decision.to_dict()},
+        "changed": then_target != decision.target_id,
+    }
+
+
+def _decide_now(entry: PoolEntry, facts: RequestFacts, state: live.LiveState) -> Decision:
+    """Return the pool's decision now from the gateways' merged live state, routing nothing."""
+    return decide(
+        [state.view(target) for target in entry.targets],
+        entry.policy,
+        facts,
+        rng=random.Random(0),
+        turn=state.turns.get(entry.id, 0),
+    )
+
+
+def _facts(facts: RequestFacts) -> dict[str, Any]:
+    return {
+        "kind": facts.kind,
+        "sticky_target_id": facts.sticky_target_id,
+        "prefix_target_id": facts.prefix_target_id,
+    }
 
 
 class CannotResume(Exception):

@@ -1,16 +1,21 @@
-"""Smart Balancer pages: the pools list (live over /ws/pools/) and a pool's detail."""
+"""Smart Balancer pages (the pools list, live over /ws/pools/, and a pool's detail) and /metrics."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from nexus import scopes
+from nexus.auth import TokenRefused, bearer_token
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment
+from pools.gateway import metrics
 from pools.models import Pool
 
 POOL_LIST = "pools/pool_list.html"
@@ -36,3 +41,32 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
     """Render one pool's settings and targets."""
     pool = get_object_or_404(Pool.objects.prefetch_related("targets"), slug=slug)
     return render(request, "pools/pool_detail.html", {"pool": pool})
+
+
+def may_read_metrics(request: HttpRequest) -> bool:
+    """Return whether the caller may read /metrics: anyone, or only staff and their tokens."""
+    if settings.NEXUS_METRICS_PUBLIC:
+        return True
+    user = request.user
+    if user.is_authenticated and user.is_staff:
+        return True
+    try:
+        token = bearer_token(request.headers.get("Authorization", ""))
+    except TokenRefused:
+        return False
+    return bool(
+        token is not None
+        and token.may_call(scopes.METRICS)
+        and token.created_by is not None
+        and token.created_by.is_staff
+    )
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Serve the gateway's metrics in Prometheus's text format."""
+    if not may_read_metrics(request):
+        response = HttpResponse("Authentication required.\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    return HttpResponse(generate_latest(metrics.registry()), content_type=CONTENT_TYPE_LATEST)

@@ -20,7 +20,6 @@ from pools.api.serializers import (
     TargetSerializer,
     visible_pools,
 )
-from pools.gateway import dry_run
 from pools.models import Pool, RoutingRecord, Target
 
 
@@ -41,7 +40,7 @@ class PoolViewSet(viewsets.ModelViewSet):
         sample.is_valid(raise_exception=True)
         asked = sample.validated_data
         headers = {"x-nexus-session-id": asked["session_id"]} if "session_id" in asked else {}
-        ranking = dry_run.dry_run(
+        ranking = services.dry_run(
             self.get_object(), kind=asked["kind"], headers=headers, body=asked["body"]
         )
         return Response(ranking)
@@ -99,7 +98,7 @@ class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def replay(self, request: Request, request_id: str) -> Response:
         """Re-rank this past request against the current configuration; say what changed."""
-        return Response(dry_run.replay(self.get_object()))
+        return Response(services.replay(self.get_object()))
 
     def get_queryset(self) -> QuerySet[RoutingRecord]:
         records = RoutingRecord.objects.filter(pool__in=visible_pools(self.request))

@@ -55,6 +55,18 @@ def continuity_key(
     return None
 
 
+def continuity_keys(
+    pool_slug: str, enabled: bool, kind: str, headers: Mapping[str, str], body: Mapping[str, Any]
+) -> tuple[str | None, str | None]:
+    """Return a request's conversation key and prompt-prefix fingerprint; None for each it lacks.
+
+    Both are None when the pool's continuity is off.
+    """
+    if not enabled:
+        return None, None
+    return continuity_key(pool_slug, headers, body), prefix_fingerprint(pool_slug, body, kind)
+
+
 def prefix_fingerprint(pool_slug: str, body: Mapping[str, Any], kind: str) -> str | None:
     """Return a hash of the request's leading prompt, the implicit affinity key, or None.
 

@@ -53,6 +53,25 @@ class HealthPolicy:
         return min(self.max_cooldown_s, self.base_cooldown_s * growth)
 
 
+@dataclass(frozen=True, slots=True)
+class CircuitReport:
+    """Why a target's circuit keeps new requests away, as of one moment."""
+
+    probe_failing: bool = False  # held open by the active probes' unhealthy verdict
+    cause: str = ""  # what ejected it, e.g. "3 consecutive failures"
+    # Open: seconds until the half-open trial may go. None: half-open with its trial out.
+    trial_in_s: float | None = None
+
+    @property
+    def detail(self) -> str:
+        """Say it in one line: "circuit open: 3 consecutive failures; half-open trial in 4.0 s"."""
+        if self.probe_failing:
+            return "the active probe reports it unhealthy"
+        if self.trial_in_s is not None:
+            return f"circuit open: {self.cause}; half-open trial in {self.trial_in_s:.1f} s"
+        return f"half-open after {self.cause}: a trial request is in flight"
+
+
 @dataclass(slots=True)
 class _Circuit:
     outcomes: deque[bool]  # True = ok, newest last
@@ -185,21 +204,25 @@ class PassiveHealth:
         circuit = self._circuits.get(target_id)
         return None if circuit is None else circuit.open_until
 
-    def explain(self, target_id: int, now: float) -> str | None:
-        """Return why the target takes no new request now, for the history; None if it does."""
+    def report(self, target_id: int, now: float) -> CircuitReport | None:
+        """Return why the target takes no new request now; None if it does."""
         circuit = self._circuits.get(target_id)
         if circuit is None:
             return None
         if circuit.probe_failing:
-            return "the active probe reports it unhealthy"
+            return CircuitReport(probe_failing=True)
         state = self._passive_state(circuit, now)
         if state is CircuitState.OPEN:
             assert circuit.open_until is not None
-            left = circuit.open_until - now
-            return f"circuit open: {circuit.cause}; half-open trial in {left:.1f} s"
+            return CircuitReport(cause=circuit.cause, trial_in_s=circuit.open_until - now)
         if state is CircuitState.HALF_OPEN and self._trial_in_flight(circuit, now):
-            return f"half-open after {circuit.cause}: a trial request is in flight"
+            return CircuitReport(cause=circuit.cause)
         return None
+
+    def explain(self, target_id: int, now: float) -> str | None:
+        """Return why the target takes no new request now, for the history; None if it does."""
+        report = self.report(target_id, now)
+        return report.detail if report is not None else None
 
     def _circuit(self, target_id: int) -> _Circuit:
         circuit = self._circuits.get(target_id)

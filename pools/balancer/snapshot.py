@@ -60,9 +60,15 @@ class TargetView:
     kinds: frozenset[str]
     model_id: str
     enabled: bool = True
+    # Why an enabled target is out anyway (enabled is then False), e.g. "node gpu-1 is offline":
+    # the skip's detail.
+    unavailable: str = ""
     drain: DrainState = DrainState.ACTIVE
     health: Health = Health.HEALTHY
     circuit_open: bool = False  # passive ejection in force right now
+    # Why the circuit is open and when it tries again (the skip's detail); set only while it is
+    # open, so the common path computes nothing.
+    circuit_detail: str = ""
     in_flight: int = 0  # requests Nexus has on it (the ledger's count)
     engine_running: int | None = None  # from the engine's /metrics, None when unknown or stale
     engine_waiting: int | None = None

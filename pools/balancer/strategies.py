@@ -45,6 +45,8 @@ _HEALTHY = Health.HEALTHY
 _DEGRADED = Health.DEGRADED
 _FULL = SkipReason.FULL
 _INCOMPATIBLE = SkipReason.INCOMPATIBLE
+_CIRCUIT_OPEN = SkipReason.CIRCUIT_OPEN
+_DISABLED = SkipReason.DISABLED
 _SKIP_DRAIN = {DrainState.DRAINING: SkipReason.DRAINING, DrainState.DRAINED: SkipReason.DRAINED}
 _WARM = Factor("warm", -WARM_BONUS, explain.NOTE_WARM)
 _SCORE = attrgetter("score")
@@ -154,6 +156,10 @@ def decide(
                 detail = explain.full_detail(target.in_flight, target.capacity)
             elif reason is _INCOMPATIBLE:
                 detail = explain.incompatible_detail(kind)
+            elif reason is _CIRCUIT_OPEN:
+                detail = target.circuit_detail
+            elif reason is _DISABLED:
+                detail = target.unavailable
             skipped.append(explain.skipped(target.id, target.name, reason, detail))
 
     ranking: tuple[Ranked, ...] = ()

@@ -132,7 +132,7 @@ class Gateway:
         if pool is None or pool.service is None:
             raise errors.service_not_found(name)
         # A public service takes anyone: a token sent anyway is not even looked at.
-        token = None if pool.service.open_to_public else self._service_token(scope, snapshot, name)
+        token = None if pool.service.open_to_public else self._service_token(scope, snapshot, pool)
         forward = Forward(
             method=scope["method"],
             path=path,
@@ -210,14 +210,15 @@ class Gateway:
             raise errors.missing_token()
         return self._usable_token(secret, snapshot)
 
-    def _service_token(self, scope: Scope, snapshot: Snapshot, service: str) -> TokenEntry:
-        """Return the caller's token if it may call the service (Bearer or BackendAI scheme)."""
+    def _service_token(self, scope: Scope, snapshot: Snapshot, pool: PoolEntry) -> TokenEntry:
+        """Return the caller's token if it may call the pool's service (Bearer or BackendAI)."""
+        assert pool.service is not None
         scheme, secret = _credentials(scope)
         if scheme not in SERVICE_SCHEMES or not secret:
-            raise errors.missing_service_token(service)
+            raise errors.missing_service_token(pool.service.name)
         token = self._usable_token(secret, snapshot)
-        if service not in token.services:
-            raise errors.service_forbidden(service)
+        if not token.may_use(pool):
+            raise errors.service_forbidden(pool.service.name)
         return token
 
     def _usable_token(self, secret: bytes, snapshot: Snapshot) -> TokenEntry:

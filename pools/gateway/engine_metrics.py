@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +42,23 @@ class EngineLoad:
 
 
 def parse_load(text: str) -> tuple[int, int] | None:
-    """Return (running, waiting) summed over all series, or None if the engine exports neither."""
+    """Return (running, waiting) summed over all series, or None if the engine exports neither.
+
+    Only lines of the wanted runtimes' families are parsed (an engine's /metrics holds hundreds
+    of others), one by one, so that one malformed line loses only itself.
+    """
     sums: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith(WANTED_PREFIXES):
             continue
-        brace = line.find("{")
-        if brace != -1:
-            name, rest = line[:brace], line[line.rfind("}") + 1 :]
-        else:
-            name, _, rest = line.partition(" ")
-        if name not in WANTED:
-            continue
-        fields = rest.split()  # value, then an optional timestamp
         try:
-            sums[name] = sums.get(name, 0.0) + float(fields[0])
-        except (IndexError, ValueError):
+            families = list(text_string_to_metric_families(line))
+        except ValueError:
             continue
+        for family in families:
+            for sample in family.samples:
+                if sample.name in WANTED:
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     running = next((sums[name] for name in RUNNING_NAMES if name in sums), None)
     waiting = next((sums[name] for name in WAITING_NAMES if name in sums), None)
     if running is None and waiting is None:

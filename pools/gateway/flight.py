@@ -24,14 +24,13 @@ import httpx
 
 from nexus import upstream
 from pools.balancer.queue import QueueFull, QueueTimeout
-from pools.balancer.retry import FailurePhase, classify, is_target_fault, may_retry
-from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, SkipReason
-from pools.balancer.strategies import decide
+from pools.balancer.retry import FailurePhase, classify, is_target_fault
+from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, Skipped, SkipReason
 from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
 from pools.gateway.history import AttemptRow, HistoryRow
 from pools.gateway.ledger import Lease
-from pools.gateway.snapshot import PoolEntry, TargetEntry, TokenEntry, explain_unavailable
+from pools.gateway.snapshot import PoolEntry, TargetEntry, TokenEntry
 from pools.gateway.state import GatewayState
 from pools.models import RoutingOutcome
 
@@ -161,16 +160,15 @@ class Flight:
 
 
 class Router:
-    """Route flights through one process's live state."""
+    """Route flights through one process's live state, by its operations alone."""
 
     def __init__(self, state: GatewayState):
         self.state = state
 
     async def fly(self, send: Send, flight: Flight) -> None:
         """Answer the request from the best target, retrying where that is safe."""
-        state = self.state
         pool = flight.pool
-        state.active[pool.id] += 1
+        self.state.begin(pool)
         try:
             await self._attempts(send, flight)
         except GatewayError as error:
@@ -179,9 +177,6 @@ class Router:
             flight.outcome = _outcome_of(error)
             raise
         finally:
-            state.active[pool.id] -= 1
-            for _ in range(flight.retries_held):
-                state.budget.release()
             target_name = flight.target.name if flight.target else None
             metrics.observe_request(
                 pool.slug,
@@ -191,17 +186,7 @@ class Router:
                 flight.ttft_s,
                 time.monotonic() - flight.started,
             )
-            state.history.record(self._explained(pool, flight.history_row()))
-
-    def _explained(self, pool: PoolEntry, row: HistoryRow) -> HistoryRow:
-        """Say why each ejected target or unusable node is out (the pure core knows only that)."""
-        now = time.monotonic()
-        skipped = row["decision"].get("skipped", ())
-        for skip in skipped:
-            if skip["reason"] == SkipReason.CIRCUIT_OPEN and not skip["detail"]:
-                skip["detail"] = self.state.health.explain(skip["target_id"], now) or ""
-        explain_unavailable(pool, skipped)
-        return row
+            self.state.end(pool, flight.retries_held, flight.history_row())
 
     async def _attempts(self, send: Send, flight: Flight) -> None:
         exclude: set[int] = set()
@@ -223,20 +208,13 @@ class Router:
             finally:
                 # Shielded: a client that leaves (even just after its answer ended) cancels
                 # this task, and must not cancel giving the slot back with it.
-                await asyncio.shield(self._free(flight, target, lease, claimed_at))
+                held_s = time.monotonic() - claimed_at
+                await asyncio.shield(
+                    self.state.release(flight.pool, flight.kind, target, lease, held_s)
+                )
             if failure is None:
                 return
             exclude.add(target.id)
-
-    async def _free(
-        self, flight: Flight, target: TargetEntry, lease: Lease, claimed_at: float
-    ) -> None:
-        """Give the slot back and hand it to a waiter."""
-        # How long a slot stays taken: the queue's wait estimate (Retry-After) uses it.
-        queue = self.state.queue(flight.pool, flight.kind)
-        queue.record_service_time(time.monotonic() - claimed_at)
-        await self.state.ledger.release(lease)
-        self.state.freed(flight.pool, target)
 
     async def _claim(self, flight: Flight, exclude: set[int]) -> tuple[TargetEntry, Lease]:
         """Return the target the balancer picks and a slot on it, waiting in the queue if full."""
@@ -246,35 +224,21 @@ class Router:
         woken = False
         while True:
             now = time.monotonic()
-            turn = state.turns[pool.id]
-            decision = decide(
-                state.views(pool, now),
-                pool.policy,
-                flight.facts,
-                rng=state.rng,
-                turn=turn,
-                exclude=frozenset(exclude),
-            )
+            decision = state.decide(pool, flight.facts, frozenset(exclude), now)
             flight.decision = decision
             if decision.target_id is not None:
                 # Those already waiting go first: a newcomer joins the queue behind them even
                 # when a slot is free this instant (it was freed for the waiter being woken).
-                if woken or not state.queue(pool, flight.kind):
-                    state.turns[pool.id] = turn + 1
+                if woken or not state.has_waiters(pool, flight.kind):
                     target = pool.target(decision.target_id)
-                    if state.health.allow(target.id, now):
-                        lease = await state.ledger.try_acquire(target.id, target.capacity)
-                        if lease is not None:
-                            return target, lease
-                        state.health.abandon(target.id)
+                    lease = await state.claim(pool, target, now)
+                    if lease is not None:
+                        return target, lease
                     races += 1
                     if races < CLAIM_RACES:
                         continue
             elif not decision.all_full:
-                skipped = [
-                    f"{skip.name} ({pool.target(skip.target_id).unavailable or skip.reason})"
-                    for skip in decision.skipped
-                ]
+                skipped = [f"{skip.name} ({_why(skip)})" for skip in decision.skipped]
                 raise _no_target(pool, flight.kind, skipped)
             await self._wait(flight, now, again=woken)
             races = 0
@@ -289,11 +253,9 @@ class Router:
         remaining = flight.deadline - now
         if remaining <= 0:
             raise errors.queue_timeout(pool.label, flight.queue_wait_s)
-        capacity = sum(t.capacity for t in pool.targets if t.enabled and flight.kind in t.kinds)
-        queue = self.state.queue(pool, flight.kind)
         queue_id = flight.token.id if flight.token is not None else ANONYMOUS_QUEUE_ID
         try:
-            await queue.wait(queue_id, remaining, capacity=max(1, capacity), again=again)
+            await self.state.wait(pool, flight.kind, queue_id, remaining, again=again)
         except QueueFull as full:
             raise errors.queue_full(pool.label, full.reason, full.retry_after_s) from None
         except QueueTimeout:
@@ -320,7 +282,7 @@ class Router:
                 return failure
             raise failure from None
         except asyncio.CancelledError:
-            state.health.abandon(target.id)
+            state.abandon(target)
             raise
         status = response.status_code
         not_delivered = target.on_node and response.headers.get(NOT_DELIVERED_HEADER) == "1"
@@ -343,7 +305,7 @@ class Router:
                 send, flight, target, response, attempt, sent_at, reason, not_delivered
             )
         except asyncio.CancelledError:
-            state.health.abandon(target.id)
+            state.abandon(target)
             raise
         finally:
             await response.aclose()
@@ -362,15 +324,11 @@ class Router:
 
         delivered: the request may have reached the target (anything but a failed connect).
         """
-        state = self.state
-        pool = flight.pool
         forward = flight.forward
         if forward is not None and delivered and not forward.idempotent:
             # An arbitrary service may have acted on it: sending it again could act twice.
             return False, f"not retried: {forward.method} is not idempotent and may have arrived"
-        retried, reason = may_retry(
-            phase, attempt, pool.max_attempts, state.budget, state.active[pool.id], status=status
-        )
+        retried, reason = self.state.may_retry(flight.pool, phase, attempt, status)
         if retried:
             flight.retries_held += 1
         return retried, reason
@@ -386,9 +344,7 @@ class Router:
     ) -> None:
         """Count one attempt once: in the target's passive health, the history and metrics."""
         ok = phase is None or not is_target_fault(phase)
-        self.state.health.record(
-            target.id, ok=ok, now=time.monotonic(), degraded=target.health is Health.DEGRADED
-        )
+        self.state.record_outcome(target, ok, time.monotonic())
         flight.attempts.append(_attempt_row(target, phase, status, retried, reason))
         metrics.observe_attempt(flight.pool.slug, target.name, phase or "ok")
 
@@ -484,7 +440,6 @@ class Router:
         refusal: str,
     ) -> None:
         """Record the final attempt: health, speed, continuity, the flight's outcome."""
-        state = self.state
         now = time.monotonic()
         flight.status = status
         if phase is not None:
@@ -501,15 +456,18 @@ class Router:
             return
         self._record_attempt(flight, target, None, status, False, "ok")
         flight.outcome = RoutingOutcome.OK
+        tpot = None
         if first_at is not None:
             flight.ttft_s = first_at - flight.started
             tpot = (now - first_at) / (chunks - 1) if flight.stream and chunks > 1 else None
-            state.latency[target.id].record(ttft_s=first_at - sent_at, tpot_s=tpot)
-        state.last_served[target.id] = now
-        if flight.session_key is not None:
-            state.sessions.put(flight.session_key, target.id, now)
-        if flight.prefix_key is not None:
-            state.prefixes.put(flight.prefix_key, target.id, now)
+        self.state.record_served(
+            target,
+            now,
+            ttft_s=first_at - sent_at if first_at is not None else None,
+            tpot_s=tpot,
+            session_key=flight.session_key,
+            prefix_key=flight.prefix_key,
+        )
 
 
 def _upstream_request(flight: Flight, target: TargetEntry) -> httpx.Request:
@@ -543,6 +501,13 @@ def _no_target(pool: PoolEntry, kind: str, skipped: list[str]) -> GatewayError:
         if t.enabled and t.drain is DrainState.ACTIVE and t.health is not Health.UNHEALTHY
     )
     return errors.no_replica(pool.service.name, ready, pool.service.desired_replicas, skipped)
+
+
+def _why(skip: Skipped) -> str:
+    """Say why a target cannot take the request: a node's reason, else the skip's."""
+    if skip.reason is SkipReason.DISABLED and skip.detail:
+        return skip.detail
+    return skip.reason
 
 
 def _attempt_row(

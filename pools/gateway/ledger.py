@@ -44,6 +44,9 @@ class LedgerUnavailable(Exception):
 class LoadLedger(Protocol):
     """Count in-flight requests per target and admit one only below the target's capacity."""
 
+    # Whether the counts are shared by every gateway process (Redis) or this process's own.
+    shared: bool
+
     async def try_acquire(self, target_id: int, capacity: int) -> Lease | None:
         """Take a slot if fewer than capacity are in flight; return None when full."""
         ...
@@ -69,6 +72,11 @@ class LoadLedger(Protocol):
         ...
 
 
+def lease_set_key(prefix: str, target_id: int) -> str:
+    """Return the Redis key of a target's lease set (prefix: NEXUS_REDIS_PREFIX)."""
+    return f"{prefix}:ledger:target:{target_id}"
+
+
 class _LeaseIds:
     """Lease ids unique across processes: a random per-process half and a counter."""
 
@@ -82,6 +90,8 @@ class _LeaseIds:
 
 class MemoryLedger:
     """The ledger of one process: exact counts in a dict, no I/O."""
+
+    shared = False
 
     def __init__(self) -> None:
         self._counts: dict[int, int] = defaultdict(int)
@@ -190,6 +200,8 @@ CLOCK_STEP_US = 5_000_000
 class RedisLedger:
     """The ledger shared by every gateway process through Redis, with leases that expire."""
 
+    shared = True
+
     def __init__(self, url: str, *, prefix: str, lease_ttl_s: float = 60.0) -> None:
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
@@ -199,7 +211,7 @@ class RedisLedger:
             socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
         )
         self._redis = aioredis.Redis(connection_pool=pool)
-        self._prefix = f"{prefix}:ledger"
+        self._prefix = prefix
         self._ttl_ms = max(1, int(lease_ttl_s * 1000))
         # Renew well before expiry: a renewal may be late by a slow Redis call or a busy loop.
         self.renew_interval_s = lease_ttl_s / 3
@@ -218,7 +230,7 @@ class RedisLedger:
 
     def key(self, target_id: int) -> str:
         """Return the Redis key of the target's lease set."""
-        return f"{self._prefix}:target:{target_id}"
+        return lease_set_key(self._prefix, target_id)
 
     async def try_acquire(self, target_id: int, capacity: int) -> Lease | None:
         lease = Lease(target_id, self._ids.next())

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the gateway, and the /metrics view that exposes them.
+"""Prometheus metrics of the gateway (pools.views.metrics_view serves them at /metrics).
 
 Each process counts its own requests and exposes them at its own /metrics. With several gateway
 processes, scrape each one, or run them in prometheus-client's multiprocess mode
@@ -12,24 +12,8 @@ import os
 from collections.abc import Collection
 from typing import Any
 
-from django.conf import settings
-from django.contrib.auth.models import AnonymousUser
-from django.http import HttpRequest, HttpResponse
-from django.views.decorators.http import require_GET
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    multiprocess,
-)
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.metrics import MetricWrapperBase
-
-from nexus.auth import bearer_secret
-from nexus.models import ApiToken, hash_token
 
 # Waiting for a slot: from immediate to the longest configurable queue waits.
 QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -151,37 +135,3 @@ def registry() -> CollectorRegistry:
     merged = CollectorRegistry()
     multiprocess.MultiProcessCollector(merged)
     return merged
-
-
-def may_read_metrics(request: HttpRequest) -> bool:
-    """Return whether the caller may read /metrics: anyone, or only staff and their tokens."""
-    if settings.NEXUS_METRICS_PUBLIC:
-        return True
-    user = getattr(request, "user", AnonymousUser())
-    if user.is_authenticated and user.is_staff:
-        return True
-    secret = bearer_secret(request.headers.get("Authorization", ""))
-    if secret is None:
-        return False
-    token = (
-        ApiToken.objects.select_related("created_by").filter(token_hash=hash_token(secret)).first()
-    )
-    # Every pool's names are in the metrics: a token limited to some pools may not read them.
-    return bool(
-        token is not None
-        and not token.is_revoked
-        and not token.is_expired
-        and token.all_pools
-        and token.created_by is not None
-        and token.created_by.is_staff
-    )
-
-
-@require_GET
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    """Serve the metrics in Prometheus's text format."""
-    if not may_read_metrics(request):
-        response = HttpResponse("Authentication required.\n", status=401, content_type="text/plain")
-        response["WWW-Authenticate"] = "Bearer"
-        return response
-    return HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)

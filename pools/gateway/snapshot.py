@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
+from nexus import scopes
 from nexus.models import ApiToken, ConfigVersion
-from pools.balancer.snapshot import DrainState, Health, PoolPolicy, SkipReason
+from pools.balancer.snapshot import DrainState, Health, PoolPolicy, TargetView
 from pools.models import Pool, Target, node_base_url
 
+# A target that served a request this recently counts as warm (its model is loaded).
+WARM_WINDOW_S = 300.0
 # The request kind of /serve/<service>/...: any HTTP request, which every replica of a service
 # takes (a gateway-only kind: a managed pool's targets get it in the snapshot, not in the database).
 SERVE_KIND = "http"
@@ -30,16 +31,12 @@ class ServiceEntry:
 class TokenEntry:
     id: int
     name: str
-    all_pools: bool
-    pools: frozenset[str]
+    scope: scopes.TokenScope
     expires_at: float | None  # epoch seconds
-    services: frozenset[str] = frozenset()
 
     def may_use(self, pool: PoolEntry) -> bool:
-        """Say whether the token may call the pool: a managed one only when it names its service."""
-        if pool.managed:
-            return pool.service is not None and pool.service.name in self.services
-        return self.all_pools or pool.slug in self.pools
+        """Say whether the token may call the pool (a service's pool: the service)."""
+        return pool.callee is not None and scopes.may_call(self.scope, pool.callee)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +58,43 @@ class TargetEntry:
     # Reached through a node's agent, whose "not delivered" answers are trusted (see flight).
     on_node: bool = False
 
+    def view(
+        self,
+        *,
+        circuit_open: bool,
+        circuit_detail: str,
+        in_flight: int,
+        engine_running: int | None,
+        engine_waiting: int | None,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        error_rate: float,
+        warm: bool,
+    ) -> TargetView:
+        """Return the target as the balancer sees it, given its live readings."""
+        return TargetView(
+            id=self.id,
+            name=self.name,
+            priority=self.priority,
+            capacity=self.capacity,
+            position=self.position,
+            kinds=self.kinds,
+            model_id=self.model_id,
+            enabled=self.enabled,
+            drain=self.drain,
+            health=self.health,
+            unavailable=self.unavailable,
+            circuit_open=circuit_open,
+            circuit_detail=circuit_detail,
+            in_flight=in_flight,
+            engine_running=engine_running,
+            engine_waiting=engine_waiting,
+            ttft_s=ttft_s,
+            tpot_s=tpot_s,
+            error_rate=error_rate,
+            warm=warm,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class PoolEntry:
@@ -75,10 +109,17 @@ class PoolEntry:
     max_attempts: int
     managed: bool = False  # a model service's pool: its targets are the service's replicas
     service: ServiceEntry | None = None  # the live service owning a managed pool
+    # What a token must be allowed to call to use the pool: the pool, or for a managed pool its
+    # service (None while it has no live service: nobody may call it).
+    callee: scopes.Callee | None = None
+    _by_id: dict[int, TargetEntry] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {target.id: target for target in self.targets})
 
     def target(self, target_id: int) -> TargetEntry:
         """Return the pool's target with this id."""
-        return next(target for target in self.targets if target.id == target_id)
+        return self._by_id[target_id]
 
     @property
     def label(self) -> str:
@@ -142,13 +183,6 @@ def _target_entry(target: Target, managed: bool) -> TargetEntry:
     )
 
 
-def explain_unavailable(pool: PoolEntry, skipped: Iterable[dict[str, Any]]) -> None:
-    """Say why each target on an unusable node is out (the pure core sees it as disabled)."""
-    for skip in skipped:
-        if skip["reason"] == SkipReason.DISABLED and not skip["detail"]:
-            skip["detail"] = pool.target(skip["target_id"]).unavailable
-
-
 def _service_entry(pool: Pool) -> ServiceEntry | None:
     """Return the live service owning a managed pool; None for any other pool.
 
@@ -171,6 +205,11 @@ def pool_entry(pool: Pool) -> PoolEntry:
         _target_entry(target, pool.managed)
         for target in sorted(pool.targets.all(), key=lambda t: (t.priority, t.position, t.pk))
     )
+    service = _service_entry(pool)
+    if not pool.managed:
+        callee: scopes.Callee | None = scopes.pool(pool.slug)
+    else:
+        callee = scopes.service(service.name) if service is not None else None
     return PoolEntry(
         id=pool.pk,
         slug=pool.slug,
@@ -186,7 +225,8 @@ def pool_entry(pool: Pool) -> PoolEntry:
         max_queue_wait_s=pool.max_queue_wait_s,
         max_attempts=pool.max_attempts,
         managed=pool.managed,
-        service=_service_entry(pool),
+        service=service,
+        callee=callee,
     )
 
 
@@ -197,10 +237,8 @@ def load_snapshot() -> Snapshot:
         token.token_hash: TokenEntry(
             id=token.pk,
             name=token.name,
-            all_pools=token.all_pools,
-            pools=frozenset(token.pools),
+            scope=token.scope,
             expires_at=token.expires_at.timestamp() if token.expires_at else None,
-            services=frozenset(token.services),
         )
         for token in ApiToken.objects.filter(revoked_at__isnull=True)
     }

@@ -1,9 +1,13 @@
 """A gateway process's live state: load, health, speed, affinity and queues, kept off the database.
 
-The balancer core decides from TargetViews built here, per request, from the configuration
-snapshot and these in-memory readings. Background work (engine scrapes, shared-ledger refreshes,
+The router (pools.gateway.flight) works through the operations below: what a request is
+(`request_facts`), where it goes (`decide`), taking and giving back a slot (`claim`, `release`),
+waiting for one (`wait`), and what its attempts taught (`record_outcome`, `record_served`). The
+balancer core decides from TargetViews built here, per request, from the configuration snapshot
+and these in-memory readings. Background work (engine scrapes, shared-ledger refreshes,
 finishing drains, waking queues that another process freed room for) runs in one maintenance
-task so that the request path does no I/O besides the ledger's acquire and release.
+task, and the readings are published for other processes (pools.gateway.publish) by another,
+so that the request path does no I/O besides the ledger's acquire and release.
 """
 
 from __future__ import annotations
@@ -15,26 +19,26 @@ import time
 from collections import defaultdict
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from nexus import upstream
 from pools import services
-from pools.balancer.continuity import AffinityMap, continuity_key, prefix_fingerprint
+from pools.balancer.continuity import AffinityMap, continuity_keys
 from pools.balancer.health import LatencyStats, PassiveHealth
 from pools.balancer.queue import PoolQueue
-from pools.balancer.retry import RetryBudget
-from pools.balancer.snapshot import Decision, DrainState, RequestFacts, TargetView
+from pools.balancer.retry import FailurePhase, RetryBudget, may_retry
+from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, TargetView
 from pools.balancer.strategies import decide
 from pools.gateway import metrics
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
-from pools.gateway.history import HistoryWriter
-from pools.gateway.ledger import LedgerUnavailable, LoadLedger, build_ledger
+from pools.gateway.history import HistoryRow, HistoryWriter
+from pools.gateway.ledger import Lease, LedgerUnavailable, LoadLedger, build_ledger
+from pools.gateway.publish import GatewayReadings, Publisher, TargetReading
 from pools.gateway.registry import Registry
-from pools.gateway.snapshot import PoolEntry, Snapshot, TargetEntry
+from pools.gateway.snapshot import WARM_WINDOW_S, PoolEntry, Snapshot, TargetEntry
 
 log = logging.getLogger(__name__)
 
-# A target that served a request this recently counts as warm (its model is loaded).
-WARM_WINDOW_S = 300.0
 # How often waiting queues are checked for room freed elsewhere, and shared counts refreshed.
 MAINTENANCE_INTERVAL_S = 0.25
 # Conversations and prompt prefixes remembered per process.
@@ -42,35 +46,36 @@ SESSION_ENTRIES, SESSION_TTL_S = 100_000, 1800.0
 PREFIX_ENTRIES, PREFIX_TTL_S = 50_000, 600.0
 
 
-_current: GatewayState | None = None
-
-
-def current() -> GatewayState | None:
-    """Return the state of this process's running gateway, if it has served a request."""
-    return _current
-
-
 class GatewayState:
     """Everything a gateway process knows about its targets beyond their configuration."""
 
-    def __init__(self, ledger: LoadLedger | None = None, history: HistoryWriter | None = None):
-        self.ledger = ledger or build_ledger()
-        self.history = history or HistoryWriter()
-        self.engine_loads = EngineLoads()
-        self.health = PassiveHealth()
-        self.latency: defaultdict[int, LatencyStats] = defaultdict(LatencyStats)
-        self.sessions = AffinityMap(max_entries=SESSION_ENTRIES, ttl_s=SESSION_TTL_S)
-        self.prefixes = AffinityMap(max_entries=PREFIX_ENTRIES, ttl_s=PREFIX_TTL_S)
+    def __init__(
+        self,
+        ledger: LoadLedger | None = None,
+        history: HistoryWriter | None = None,
+        *,
+        budget: RetryBudget | None = None,
+        publisher: Publisher | None = None,
+    ):
+        self._ledger = ledger or build_ledger()
+        self._history = history or HistoryWriter()
+        self._budget = budget or RetryBudget()
+        self._publisher = publisher
+        self._engine_loads = EngineLoads()
+        self._health = PassiveHealth()
+        self._latency: defaultdict[int, LatencyStats] = defaultdict(LatencyStats)
+        self._sessions = AffinityMap(max_entries=SESSION_ENTRIES, ttl_s=SESSION_TTL_S)
+        self._prefixes = AffinityMap(max_entries=PREFIX_ENTRIES, ttl_s=PREFIX_TTL_S)
         # One queue per pool and request kind: an embeddings request never waits behind chat
         # requests that wait for chat-only targets.
-        self.queues: dict[tuple[int, str], PoolQueue] = {}
-        self.turns: defaultdict[int, int] = defaultdict(int)
-        self.active: defaultdict[int, int] = defaultdict(int)  # requests in progress per pool
-        self.budget = RetryBudget()
-        self.last_served: dict[int, float] = {}
-        self.rng = random.Random()
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self._queues: dict[tuple[int, str], PoolQueue] = {}
+        self._turns: defaultdict[int, int] = defaultdict(int)
+        self._active: defaultdict[int, int] = defaultdict(int)  # requests in progress per pool
+        self._last_served: dict[int, float] = {}
+        self._rng = random.Random()
         self._maintenance: asyncio.Task[None] | None = None
+
+    # -- a request's way ---------------------------------------------------------------------
 
     def request_facts(
         self,
@@ -81,93 +86,223 @@ class GatewayState:
         now: float,
     ) -> tuple[RequestFacts, str | None, str | None]:
         """Return what the balancer needs to know of a request, and its continuity keys."""
-        if not pool.policy.continuity_enabled:
+        enabled = pool.policy.continuity_enabled
+        session_key, prefix_key = continuity_keys(pool.slug, enabled, kind, headers, payload)
+        if session_key is None and prefix_key is None:
             return RequestFacts(kind=kind), None, None
-        session_key = continuity_key(pool.slug, headers, payload)
-        prefix_key = prefix_fingerprint(pool.slug, payload, kind)
-        facts = RequestFacts(
-            kind=kind,
-            sticky_target_id=self.sessions.get(session_key, now) if session_key else None,
-            prefix_target_id=self.prefixes.get(prefix_key, now) if prefix_key else None,
-        )
+        sticky, prefix = self.affinity(session_key, prefix_key, now)
+        facts = RequestFacts(kind=kind, sticky_target_id=sticky, prefix_target_id=prefix)
         return facts, session_key, prefix_key
 
-    def decide_now(self, pool: PoolEntry, facts: RequestFacts) -> Decision:
-        """Return the decision the pool would make now, routing nothing (dry run, replay)."""
+    def affinity(
+        self, session_key: str | None, prefix_key: str | None, now: float
+    ) -> tuple[int | None, int | None]:
+        """Return where this conversation and this prompt prefix went last, as far as known."""
+        return (
+            self._sessions.get(session_key, now) if session_key else None,
+            self._prefixes.get(prefix_key, now) if prefix_key else None,
+        )
+
+    def begin(self, pool: PoolEntry) -> None:
+        """Count a request in progress in the pool (the retry budget is a share of them)."""
+        self._active[pool.id] += 1
+
+    def end(self, pool: PoolEntry, retries_held: int, row: HistoryRow) -> None:
+        """Count the request out, give back its retry slots and keep its history row."""
+        self._active[pool.id] -= 1
+        for _ in range(retries_held):
+            self._budget.release()
+        self._history.record(row)
+
+    def decide(
+        self, pool: PoolEntry, facts: RequestFacts, exclude: frozenset[int], now: float
+    ) -> Decision:
+        """Return where the request goes now, explained; targets in `exclude` were tried."""
         return decide(
-            self.views(pool, time.monotonic()),
+            self.views(pool, now),
             pool.policy,
             facts,
-            rng=random.Random(0),
-            turn=self.turns[pool.id],
+            rng=self._rng,
+            turn=self._turns[pool.id],
+            exclude=exclude,
         )
+
+    def has_waiters(self, pool: PoolEntry, kind: str) -> bool:
+        """Say whether requests of this kind wait in the pool's queue (newcomers go behind)."""
+        return bool(self._queue(pool, kind))
+
+    async def claim(self, pool: PoolEntry, target: TargetEntry, now: float) -> Lease | None:
+        """Take a slot on the chosen target (its half-open trial, if on trial); None if gone.
+
+        The pool's round-robin turn moves on either way: the decision used it.
+        """
+        self._turns[pool.id] += 1
+        if not self._health.allow(target.id, now):
+            return None
+        lease = await self._ledger.try_acquire(target.id, target.capacity)
+        if lease is None:
+            # Another request took the last slot: the trial, if this was one, is not out.
+            self._health.abandon(target.id)
+        return lease
+
+    async def release(
+        self, pool: PoolEntry, kind: str, target: TargetEntry, lease: Lease, held_s: float
+    ) -> None:
+        """Give the slot back and hand it to a waiter that can use it."""
+        # How long a slot stays taken: the queue's wait estimate (Retry-After) uses it.
+        self._queue(pool, kind).record_service_time(held_s)
+        await self._ledger.release(lease)
+        for served_kind in target.kinds:
+            queue = self._queues.get((pool.id, served_kind))
+            if queue:
+                queue.wake_next()
+
+    async def wait(
+        self, pool: PoolEntry, kind: str, queue_id: int, timeout_s: float, *, again: bool
+    ) -> None:
+        """Wait in the pool's fair queue for a slot; raise QueueFull or QueueTimeout.
+
+        again: the request was woken before but lost the slot; it waits first in line.
+        """
+        capacity = sum(t.capacity for t in pool.targets if t.enabled and kind in t.kinds)
+        await self._queue(pool, kind).wait(
+            queue_id, timeout_s, capacity=max(1, capacity), again=again
+        )
+
+    def may_retry(
+        self, pool: PoolEntry, phase: FailurePhase, attempt: int, status: int | None
+    ) -> tuple[bool, str]:
+        """Say whether a failed attempt moves to another target, and why; True holds a slot of
+        the retry budget, given back by `end`."""
+        return may_retry(
+            phase, attempt, pool.max_attempts, self._budget, self._active[pool.id], status=status
+        )
+
+    def record_outcome(self, target: TargetEntry, ok: bool, now: float) -> None:
+        """Count an attempt's verdict in the target's passive health."""
+        self._health.record(target.id, ok=ok, now=now, degraded=target.health is Health.DEGRADED)
+
+    def abandon(self, target: TargetEntry) -> None:
+        """End an attempt that gave no verdict (the client left), freeing a trial it held."""
+        self._health.abandon(target.id)
+
+    def record_served(
+        self,
+        target: TargetEntry,
+        now: float,
+        *,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        session_key: str | None,
+        prefix_key: str | None,
+    ) -> None:
+        """Learn from a served request: the target's speed, warmth and the conversation's place."""
+        if ttft_s is not None:
+            self._latency[target.id].record(ttft_s=ttft_s, tpot_s=tpot_s)
+        self._last_served[target.id] = now
+        if session_key is not None:
+            self._sessions.put(session_key, target.id, now)
+        if prefix_key is not None:
+            self._prefixes.put(prefix_key, target.id, now)
 
     def views(self, pool: PoolEntry, now: float) -> list[TargetView]:
         """Return the pool's targets as the balancer sees them now."""
+        health = self._health
         views = []
         for target in pool.targets:
-            load = self.engine_loads.fresh(target.id, now)
-            stats = self.latency.get(target.id)
-            served = self.last_served.get(target.id)
+            load = self._engine_loads.fresh(target.id, now)
+            stats = self._latency.get(target.id)
+            served = self._last_served.get(target.id)
+            circuit_open = health.circuit_open(target.id, now)
             views.append(
-                TargetView(
-                    id=target.id,
-                    name=target.name,
-                    priority=target.priority,
-                    capacity=target.capacity,
-                    position=target.position,
-                    kinds=target.kinds,
-                    model_id=target.model_id,
-                    enabled=target.enabled,
-                    drain=target.drain,
-                    health=target.health,
-                    circuit_open=self.health.circuit_open(target.id, now),
-                    in_flight=self.ledger.in_flight(target.id),
+                target.view(
+                    circuit_open=circuit_open,
+                    # Explained only when open: the common path computes nothing for it.
+                    circuit_detail=(health.explain(target.id, now) or "") if circuit_open else "",
+                    in_flight=self._ledger.in_flight(target.id),
                     engine_running=load.running if load else None,
                     engine_waiting=load.waiting if load else None,
                     ttft_s=stats.ttft_s if stats else None,
                     tpot_s=stats.tpot_s if stats else None,
-                    error_rate=self.health.error_rate(target.id),
+                    error_rate=health.error_rate(target.id),
                     warm=served is not None and now - served < WARM_WINDOW_S,
                 )
             )
         return views
 
-    def queue(self, pool: PoolEntry, kind: str) -> PoolQueue:
-        """Return the queue of the pool's requests of this kind, sized by its current setting."""
-        key = (pool.id, kind)
-        found = self.queues.get(key)
-        if found is None or found.fair.max_size != pool.max_queue:
-            replaced, found = found, PoolQueue(pool.max_queue)
-            self.queues[key] = found
-            if replaced is not None:
-                # Waiters of a resized queue decide again, and wait again first in line.
-                while replaced.wake_next():
-                    pass
-        return found
+    # -- what other processes see ----------------------------------------------------------
 
-    def freed(self, pool: PoolEntry, target: TargetEntry) -> None:
-        """Hand a slot freed on the target to a waiter that can use it."""
-        for kind in target.kinds:
-            queue = self.queues.get((pool.id, kind))
-            if queue:
-                queue.wake_next()
+    def readings(self, snapshot: Snapshot, process: str) -> GatewayReadings:
+        """Return this process's live state for publication (pools.gateway.publish)."""
+        now = time.monotonic()
+        wall = time.time()
+        health = self._health
+        targets = {}
+        for pool in snapshot.pools.values():
+            for target in pool.targets:
+                load = self._engine_loads.fresh(target.id, now)
+                stats = self._latency.get(target.id)
+                served = self._last_served.get(target.id)
+                targets[target.id] = TargetReading(
+                    in_flight=self._ledger.in_flight(target.id),
+                    circuit=health.report(target.id, now)
+                    if health.circuit_open(target.id, now)
+                    else None,
+                    ttft_s=stats.ttft_s if stats else None,
+                    tpot_s=stats.tpot_s if stats else None,
+                    error_rate=health.error_rate(target.id),
+                    last_served_at=wall - (now - served) if served is not None else None,
+                    engine_running=load.running if load else None,
+                    engine_waiting=load.waiting if load else None,
+                    engine_read_at=wall - (now - load.read_at) if load else None,
+                )
+        queued: defaultdict[int, int] = defaultdict(int)
+        for (pool_id, _), queue in self._queues.items():
+            queued[pool_id] += len(queue)
+        return GatewayReadings(
+            process=process,
+            published_at=wall,
+            shared_ledger=self._ledger.shared,
+            targets=targets,
+            queued=dict(queued),
+            turns=dict(self._turns),
+        )
+
+    # -- background work ---------------------------------------------------------------------
 
     def start(self, registry: Registry) -> None:
-        """Start the maintenance task (once, on the first request)."""
-        global _current
+        """Start the maintenance and publication tasks (once, on the first request)."""
         if self._maintenance is None:
-            self.loop = asyncio.get_running_loop()
             self._maintenance = asyncio.create_task(self._maintain_forever(registry))
-            _current = self
+            if self._publisher is None:
+                self._publisher = Publisher(settings.REDIS_URL, settings.NEXUS_REDIS_PREFIX)
+            self._publisher.start(
+                lambda process: self.readings(registry.snapshot, process),
+                lambda session, prefix: self.affinity(session, prefix, time.monotonic()),
+            )
 
     async def aclose(self) -> None:
         """Stop background work and write what is buffered."""
         if self._maintenance is not None:
             self._maintenance.cancel()
             self._maintenance = None
-        await self.history.aclose()
-        await self.ledger.aclose()
+        if self._publisher is not None:
+            await self._publisher.aclose()
+        await self._history.aclose()
+        await self._ledger.aclose()
+
+    def _queue(self, pool: PoolEntry, kind: str) -> PoolQueue:
+        """Return the queue of the pool's requests of this kind, sized by its current setting."""
+        key = (pool.id, kind)
+        found = self._queues.get(key)
+        if found is None or found.fair.max_size != pool.max_queue:
+            replaced, found = found, PoolQueue(pool.max_queue)
+            self._queues[key] = found
+            if replaced is not None:
+                # Waiters of a resized queue decide again, and wait again first in line.
+                while replaced.wake_next():
+                    pass
+        return found
 
     async def _maintain_forever(self, registry: Registry) -> None:
         last_scrape = 0.0
@@ -178,9 +313,9 @@ class GatewayState:
             if snapshot.version != version:
                 # A target's address may have changed: ask every one for /metrics again.
                 version = snapshot.version
-                self.engine_loads.forget_unsupported()
+                self._engine_loads.forget_unsupported()
             try:
-                await self.ledger.refresh(
+                await self._ledger.refresh(
                     [target.id for pool in snapshot.pools.values() for target in pool.targets]
                 )
                 now = time.monotonic()
@@ -201,21 +336,22 @@ class GatewayState:
             for target in pool.targets
             if target.enabled
         ]
-        await self.engine_loads.scrape(upstream.get().client, targets)
+        await self._engine_loads.scrape(upstream.get().client, targets)
         pairs = [
             (pool.slug, target.name) for pool in snapshot.pools.values() for target in pool.targets
         ]
         metrics.retain(pairs)
         for pool in snapshot.pools.values():
             for target in pool.targets:
-                metrics.set_in_flight(pool.slug, target.name, self.ledger.in_flight(target.id))
-            queued = sum(len(q) for (pool_id, _), q in self.queues.items() if pool_id == pool.id)
+                metrics.set_in_flight(pool.slug, target.name, self._ledger.in_flight(target.id))
+            queued = sum(len(q) for (pool_id, _), q in self._queues.items() if pool_id == pool.id)
             metrics.set_queued(pool.slug, queued)
 
     def _wake_queues(self, snapshot: Snapshot, now: float) -> None:
         """Wake waiters when a target has room that another process (or a drain) freed."""
-        for (pool_id, kind), queue in self.queues.items():
-            pool = next((p for p in snapshot.pools.values() if p.id == pool_id), None)
+        pools = {pool.id: pool for pool in snapshot.pools.values()}
+        for (pool_id, kind), queue in self._queues.items():
+            pool = pools.get(pool_id)
             if pool is None or not queue:
                 continue
             room = sum(
@@ -236,7 +372,7 @@ class GatewayState:
             target.id
             for pool in snapshot.pools.values()
             for target in pool.targets
-            if target.drain is DrainState.DRAINING and self.ledger.in_flight(target.id) == 0
+            if target.drain is DrainState.DRAINING and self._ledger.in_flight(target.id) == 0
         ]
         if empty:
             await sync_to_async(services.mark_drained)(empty)

@@ -34,6 +34,23 @@ def test_it_reads_sglang_and_llama_cpp_names() -> None:
     assert parse_load(llama) == (2, 6)
 
 
+def test_label_values_may_hold_braces_commas_and_escaped_quotes() -> None:
+    text = 'vllm:num_requests_running{model_name="a,b}",path="x\\"y"} 2.0 1700000000000\n'
+
+    assert parse_load(text) == (2, 0)
+
+
+def test_a_malformed_line_loses_only_itself() -> None:
+    text = (
+        'vllm:num_requests_running{engine="0"} 3\n'
+        'vllm:num_requests_running{engine="1" 4\n'  # no closing brace
+        "vllm:num_requests_waiting not-a-number\n"
+        "vllm:num_requests_waiting 2\n"
+    )
+
+    assert parse_load(text) == (3, 2)
+
+
 def test_it_returns_nothing_for_an_engine_without_load_gauges() -> None:
     assert parse_load("process_cpu_seconds_total 12.5\n") is None
 

@@ -84,9 +84,8 @@ async def test_no_slot_leaks_when_clients_leave_targets_fail_or_answer(
 
     token, live, dead = await sync_to_async(configure)()
     ledger = make_ledger()
-    state = GatewayState(ledger=ledger)
     # Every request whose first target is the dead one retries at once: let them all.
-    state.budget = RetryBudget(minimum=10)
+    state = GatewayState(ledger=ledger, budget=RetryBudget(minimum=10))
     app = Gateway(state=state)
     body = {"model": "@pool/slots", "messages": [{"role": "user", "content": "hi"}]}
 
