@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import secrets
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -70,9 +70,9 @@ class ConfigInputQuerySet(models.QuerySet[M]):
         return created
 
     def bulk_update(
-        self, objs: Iterable[M], fields: Sequence[str], batch_size: int | None = None
+        self, objs: Iterable[M], fields: Iterable[str], batch_size: int | None = None
     ) -> int:
-        objs = list(objs)
+        objs, fields = list(objs), list(fields)
         changed = super().bulk_update(objs, fields, batch_size)
         for obj in objs:
             obj.remember_config(fields)
@@ -83,17 +83,17 @@ class ConfigInput(models.Model):
     """A model the gateway's snapshot reads: its changes to `config_fields` reach every gateway.
 
     A subclass names the fields the snapshot (pools.gateway.snapshot.load_snapshot) reads in
-    `config_fields`. Creating or deleting a row, a save() that changes one of those fields, and
-    the bulk writes of ConfigInputQuerySet bump ConfigVersion inside the caller's transaction,
-    so a change that is rolled back is never announced (the receivers are in nexus.signals).
+    `config_fields` and takes its manager from a ConfigInputQuerySet (`objects =
+    ConfigInputQuerySet.as_manager()`). Creating or deleting a row, a save() that changes one of
+    those fields, and the queryset's bulk writes bump ConfigVersion inside the caller's
+    transaction, so a change that is rolled back is never announced (the receivers are in
+    nexus.signals).
     A save() compares with the values the instance was loaded with (or last saved, refreshed or
     bulk-written): a node's frequent `last_seen_at` refresh announces nothing. An instance held
     across someone else's update() should be refreshed before it is saved, as in any Django code.
     """
 
     config_fields: ClassVar[frozenset[str]] = frozenset()
-
-    objects = ConfigInputQuerySet.as_manager()
 
     class Meta:
         abstract = True
@@ -105,10 +105,13 @@ class ConfigInput(models.Model):
         return instance
 
     def refresh_from_db(
-        self, using: str | None = None, fields: Iterable[str] | None = None, **kwargs: Any
+        self,
+        using: str | None = None,
+        fields: Iterable[str] | None = None,
+        from_queryset: models.QuerySet[Any] | None = None,
     ) -> None:
         fields = list(fields) if fields is not None else None
-        super().refresh_from_db(using, fields, **kwargs)
+        super().refresh_from_db(using, fields, from_queryset)
         self.remember_config(fields)
 
     @classmethod
@@ -118,8 +121,9 @@ class ConfigInput(models.Model):
         if names is None:
             names = {}
             for name in cls.config_fields:
-                attname = cls._meta.get_field(name).attname
-                names[name] = names[attname] = attname
+                field = cls._meta.get_field(name)
+                assert isinstance(field, models.Field), f"{name} is not a concrete field"
+                names[name] = names[field.attname] = field.attname
             cls._config_attnames = names  # type: ignore[attr-defined]
         return names
 
@@ -231,7 +235,7 @@ class ApiToken(ConfigInput):
             pools=sorted(set(pools or [])),
             services=sorted(set(services or [])),
             expires_at=expires_at,
-            created_by=created_by,
+            created_by_id=created_by.pk if created_by is not None else None,
         )
         return token, secret
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from django.db import models
 
 from nexus import crypto
-from nexus.models import ConfigInput
+from nexus.models import ConfigInput, ConfigInputQuerySet
 
 if TYPE_CHECKING:
     from nodes.client import AgentClient
@@ -51,6 +51,8 @@ class Node(ConfigInput):
     # What a target on the node is routed by: its URL, its credential, whether it may take
     # traffic (and the node's name, in the reason why not). Not the frequent last_seen_at.
     config_fields = frozenset({"name", "address", "credential_encrypted", "trust", "status"})
+
+    objects = ConfigInputQuerySet.as_manager()
 
     name = models.SlugField(max_length=64, unique=True)
     address = models.URLField(

@@ -113,9 +113,12 @@ def gateway_readings() -> list[GatewayReadings]:
     prefix = settings.NEXUS_REDIS_PREFIX
     client = redis_client()
     try:
-        processes = client.zrangebyscore(publish.index_key(prefix), time.time(), "+inf")
+        processes = [
+            _text(process)
+            for process in client.zrangebyscore(publish.index_key(prefix), time.time(), "+inf")
+        ]
         documents = (
-            client.mget([publish.reading_key(prefix, p.decode()) for p in processes])
+            client.mget([publish.reading_key(prefix, process) for process in processes])
             if processes
             else []
         )
@@ -131,6 +134,10 @@ def gateway_readings() -> list[GatewayReadings]:
         except ValueError:
             logger.warning("ignoring a malformed gateway live-state reading")
     return readings
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def live_state(target_ids: Collection[int]) -> LiveState:

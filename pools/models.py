@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from nexus import crypto
 from nexus.choices import choices_of
-from nexus.models import ConfigInput
+from nexus.models import ConfigInput, ConfigInputQuerySet
 from nodes import services as node_services
 from nodes.models import NodeTrust
 from pools.balancer import snapshot as balancer
@@ -27,7 +27,8 @@ class CompatibilityMode(models.TextChoices):
     EQUIVALENT_GENERATION = "equivalent_generation", "Equivalent generation"
 
 
-Strategy = choices_of(balancer.Strategy, "Strategy", __name__)
+# How a pool ranks its targets: the balancer's own enum (the field's choices come from it).
+Strategy = balancer.Strategy
 
 
 class RequestKind(models.TextChoices):
@@ -36,12 +37,12 @@ class RequestKind(models.TextChoices):
     EMBEDDINGS = "embeddings", "Embeddings"
 
 
-# Where a target stands in draining: the balancer's DrainState as Django choices.
-TargetState = choices_of(balancer.DrainState, "TargetState", __name__)
-# The active probes' verdict on a target: the balancer's Health as Django choices. Only
-# service-managed targets are probed; every other target stays healthy and is judged by passive
-# health (real request failures) alone.
-TargetHealth = choices_of(balancer.Health, "TargetHealth", __name__)
+# Where a target stands in draining: the balancer's DrainState (the field's choices come from it).
+TargetState = balancer.DrainState
+# The active probes' verdict on a target: the balancer's Health. Only service-managed targets are
+# probed; every other target stays healthy and is judged by passive health (real request
+# failures) alone.
+TargetHealth = balancer.Health
 
 
 def all_request_kinds() -> list[str]:
@@ -56,13 +57,15 @@ class Pool(ConfigInput):
          "max_queue", "max_queue_wait_s", "max_attempts", "managed"}
     )  # fmt: skip
 
+    objects = ConfigInputQuerySet.as_manager()
+
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=64, unique=True, help_text="Fixed once created.")
     description = models.TextField(blank=True)
     compatibility_mode = models.CharField(
         max_length=32, choices=CompatibilityMode.choices, default=CompatibilityMode.EXACT_REPLICAS
     )
-    strategy = models.CharField(max_length=16, choices=Strategy.choices, default=Strategy.SMART)
+    strategy = models.CharField(max_length=16, choices=choices_of(Strategy), default=Strategy.SMART)
     max_queue = models.PositiveIntegerField(default=100, help_text="Requests that may wait.")
     max_queue_wait_s = models.FloatField(
         default=30.0, validators=[MinValueValidator(0.0)], help_text="Longest wait in the queue."
@@ -115,6 +118,8 @@ class Target(ConfigInput):
          "credential_encrypted", "enabled", "state", "health", "position"}
     )  # fmt: skip
 
+    objects = ConfigInputQuerySet.as_manager()
+
     pool = models.ForeignKey(Pool, related_name="targets", on_delete=models.CASCADE)
     name = models.CharField(max_length=100)
     # A target on a node is reached through the node's agent, with the node credential.
@@ -145,13 +150,13 @@ class Target(ConfigInput):
     enabled = models.BooleanField(default=True)
     state = models.CharField(
         max_length=16,
-        choices=TargetState.choices,
+        choices=choices_of(TargetState),
         default=TargetState.ACTIVE,
         help_text="Draining takes no new requests; drained has none left. Resume to serve again.",
     )
     state_changed_at = models.DateTimeField(null=True, blank=True)
     health = models.CharField(
-        max_length=16, choices=TargetHealth.choices, default=TargetHealth.HEALTHY
+        max_length=16, choices=choices_of(TargetHealth), default=TargetHealth.HEALTHY
     )
     position = models.PositiveIntegerField(default=0, help_text="Order for round robin.")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -13,7 +13,7 @@ from django.db import models
 from django.db.models.functions import Lower
 
 from nexus.choices import choices_of
-from nexus.models import ConfigInput
+from nexus.models import ConfigInput, ConfigInputQuerySet
 from serving.health import ProbeVerdict
 
 FOLDER_NAME_MAX_LENGTH = 100
@@ -150,6 +150,8 @@ class Service(ConfigInput):
     # The gateway routes /serve/<name>/ and `@pool/<name>` by these (through the pool's service).
     config_fields = frozenset({"name", "open_to_public", "desired_replicas", "lifecycle", "pool"})
 
+    objects = ConfigInputQuerySet.as_manager()
+
     name = models.SlugField(
         max_length=64, help_text="Unique among services that are not destroyed; in the URL."
     )
@@ -270,9 +272,9 @@ class RouteState(models.TextChoices):
     FAILED_TO_START = "failed_to_start", "Failed to start"
 
 
-# The latest active probe's verdict, apart from the route's state: health's ProbeVerdict as
-# Django choices. A HEALTHY route whose latest probe FAILED is degraded.
-ProbeResult = choices_of(ProbeVerdict, "ProbeResult", __name__, {"unknown": "Not probed yet"})
+# The latest active probe's verdict, apart from the route's state: health's ProbeVerdict (the
+# field's choices come from it). A HEALTHY route whose latest probe FAILED is degraded.
+ProbeResult = ProbeVerdict
 
 
 class Route(models.Model):
@@ -293,7 +295,9 @@ class Route(models.Model):
     )
     # Active health checks (serving.health): the probe schedule and the failure count.
     probe_result = models.CharField(
-        max_length=16, choices=ProbeResult.choices, default=ProbeResult.UNKNOWN
+        max_length=16,
+        choices=choices_of(ProbeResult, {"unknown": "Not probed yet"}),
+        default=ProbeResult.UNKNOWN,
     )
     consecutive_failures = models.PositiveIntegerField(default=0)
     last_probe_at = models.DateTimeField(null=True, blank=True)

@@ -132,7 +132,7 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def decode(data: bytes) -> GatewayReadings:
+def decode(data: bytes | str) -> GatewayReadings:
     """Return the reading `encode` wrote; raise ValueError when it is not one."""
     try:
         document = json.loads(data)
@@ -253,7 +253,7 @@ class Publisher:
                 log.exception("gateway live state could not be read; retrying")
                 await asyncio.sleep(self.interval_s)
 
-    async def _answer(self, question: bytes, affinity: Affinity) -> None:
+    async def _answer(self, question: bytes | str, affinity: Affinity) -> None:
         try:
             asked = json.loads(question)
             session, prefix, reply = asked["s"], asked["x"], str(asked["r"])

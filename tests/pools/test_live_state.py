@@ -8,6 +8,8 @@ and the open circuit with its cause and time to its trial.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import threading
 import time
@@ -261,3 +263,29 @@ def test_a_gateway_that_does_not_answer_holds_the_dry_run_half_a_second_at_most(
 
     assert answer == (None, None)
     assert live.ASK_TIMEOUT_S <= time.monotonic() - began < live.ASK_TIMEOUT_S + 0.5
+
+
+async def test_a_redis_outage_is_logged_once_and_publishing_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a publisher whose Redis does not answer,
+    publisher = publish.Publisher(
+        f"redis://127.0.0.1:{free_port()}/0", "test-outage", interval_s=0.2
+    )
+    reads: list[str] = []
+
+    def read(process: str) -> GatewayReadings:
+        reads.append(process)
+        return reading(process, time.time())
+
+    # when it tries for a second,
+    with caplog.at_level(logging.INFO, logger="pools.gateway.publish"):
+        publisher.start(read, lambda session, prefix: (None, None))
+        await asyncio.sleep(1.0)
+        await publisher.aclose()
+
+    # then it kept reading and trying, and said so once.
+    assert len(reads) >= 3
+    assert [record.getMessage() for record in caplog.records] == [
+        "gateway live state not published (Redis unreachable)"
+    ]
