@@ -6,7 +6,14 @@ high-throughput option), and prints requests/s, latency and the gateway process'
 request, read from /proc/<pid>/stat before and after. The gateway runs pinned to CPU 0; the
 simulator and this load generator share CPU 1, so the gateway's CPU numbers stay clean.
 
-Usage: python bench/gateway_overhead.py [--quick]
+With `--compare REV` it measures two revisions of Nexus in one run instead: REV is checked out
+into a temporary git worktree, and the same scenarios run against the same engines through this
+tree's gateway and REV's, alternating (REV first in odd rounds), so that machine noise falls on
+both; the figures are printed side by side with their ratio (this tree / REV), and the worktree
+is removed afterwards. Each tree gets its own database and bundled Redis, configured by its own
+code.
+
+Usage: python bench/gateway_overhead.py [--quick] [--compare REV [--rounds N]]
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -40,6 +48,16 @@ class Result:
     seconds: float
     latencies_ms: list[float]
     cpu_ms: float | None  # the gateway's CPU for the whole scenario
+
+    def add(self, other: Result) -> Result:
+        """Return both runs' figures together (rounds of the same scenario)."""
+        cpu = None if self.cpu_ms is None or other.cpu_ms is None else self.cpu_ms + other.cpu_ms
+        return Result(
+            self.requests + other.requests,
+            self.seconds + other.seconds,
+            self.latencies_ms + other.latencies_ms,
+            cpu,
+        )
 
     @property
     def rate(self) -> float:
@@ -86,9 +104,11 @@ def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30)
     raise RuntimeError(f"{url} did not answer in {timeout_s} s")
 
 
-def spawn(argv: list[str], env: dict[str, str], cpus: set[int], log: Path) -> subprocess.Popen:
+def spawn(
+    argv: list[str], env: dict[str, str], cpus: set[int], log: Path, cwd: Path = REPO_ROOT
+) -> subprocess.Popen:
     process = subprocess.Popen(
-        argv, cwd=REPO_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+        argv, cwd=cwd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
     )
     os.sched_setaffinity(process.pid, cpus)
     return process
@@ -123,6 +143,28 @@ def configure(data_dir: Path, sim_urls: dict[str, str]) -> str:
             pool=pool, name="sim", base_url=url, model_id="bench-model", capacity_weight=512
         )
     return ApiToken.issue("bench")[1]
+
+
+# Run in a tree with that tree's own configure(): its models may differ from this tree's.
+CONFIGURE_TREE = """
+import json, sys
+from pathlib import Path
+from bench.gateway_overhead import configure
+print(configure(Path(sys.argv[1]), json.loads(sys.argv[2])))
+"""
+
+
+def configure_tree(
+    tree: Path, env: dict[str, str], data_dir: Path, sim_urls: dict[str, str]
+) -> str:
+    """Run the tree's own configure() in a process of its own; return the token."""
+    done = subprocess.run(
+        [sys.executable, "-c", CONFIGURE_TREE, str(data_dir), json.dumps(sim_urls)],
+        cwd=tree, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"configuring {tree} failed:\n{done.stderr}")
+    return done.stdout.strip().splitlines()[-1]
 
 
 async def run_load(
@@ -173,6 +215,7 @@ class Server:
     port: int
     model: str
     process: subprocess.Popen[bytes] | None = None  # None: not measured (the engine itself)
+    token: str = ""
 
 
 def simulator_argv(port: int, tpot_ms: str) -> list[str]:
@@ -194,9 +237,83 @@ def uvicorn_argv(port: int, app: str) -> list[str]:
     ]  # fmt: skip
 
 
+SERVERS: dict[str, Callable[[int, str], list[str]]] = {
+    "daphne": daphne_argv,
+    "uvicorn": uvicorn_argv,
+}
+SCENARIOS = [
+    ("non-stream", 1, 600, {"max_tokens": 16}, "bench"),
+    ("non-stream", 64, 6000, {"max_tokens": 16}, "bench"),
+    ("stream 100", 1, 100, {"max_tokens": 100, "stream": True}, "bench-stream"),
+    ("stream 100", 64, 1280, {"max_tokens": 100, "stream": True}, "bench-stream"),
+]
+MESSAGE = [{"role": "user", "content": "Summarise the benefits of load balancing."}]
+
+
+@dataclass
+class Stack:
+    """The engines and the processes started for a run; stopped in reverse order."""
+
+    tmp: Path
+    env: dict[str, str]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(
+        self, name: str, argv: list[str], cpus: set[int], cwd: Path = REPO_ROOT, **extra: str
+    ) -> subprocess.Popen[bytes]:
+        process = spawn(argv, dict(self.env, **extra), cpus, self.tmp / f"{name}.log", cwd)
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            stop(process)
+
+    def engines(self) -> dict[str, int]:
+        """Start one engine per pool: non-streaming answers at once, streams a token a ms.
+
+        At 0 ms per token the engine's writes merge and flatter the relay, so streams come one
+        token a millisecond and each token is its own chunk.
+        """
+        ports = {}
+        for slug, tpot in (("bench", "0"), ("bench-stream", "1")):
+            port = free_port()
+            engine = self.start(slug, simulator_argv(port, tpot), OTHER_CPU)
+            wait_http(f"http://127.0.0.1:{port}/health", engine)
+            ports[slug] = port
+        return ports
+
+    def nexus(self, tree: Path, label: str, engine_ports: dict[str, int]) -> dict[str, Server]:
+        """Start `tree`'s Nexus under every ASGI server, on a database of its own; by server."""
+        from nexus import embedded_redis
+        from nexus.env import bundled_redis_socket
+
+        data_dir = self.tmp / label
+        data_dir.mkdir()
+        env = dict(self.env, NEXUS_DATA_DIR=str(data_dir), PYTHONPATH=str(tree))
+        env["DJANGO_SETTINGS_MODULE"] = "nexus.settings"
+        # Saving a pool pushes to the pages' channel layer: Redis must be up first.
+        self.processes.append(embedded_redis.start(bundled_redis_socket(data_dir)))
+        urls = {slug: f"http://127.0.0.1:{port}/v1" for slug, port in engine_ports.items()}
+        token = configure_tree(tree, env, data_dir, urls)
+        servers = {}
+        for server, argv in SERVERS.items():
+            port = free_port()
+            name = f"{label}-{server}"
+            process = self.start(
+                name, argv(port, "nexus.asgi:application"), GATEWAY_CPU, tree,
+                NEXUS_DATA_DIR=str(data_dir), PYTHONPATH=str(tree),
+            )  # fmt: skip
+            wait_http(f"http://127.0.0.1:{port}/healthz", process)
+            servers[server] = Server(f"{label}/{server}", port, "", process, token)
+        return servers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests per scenario")
+    parser.add_argument("--compare", metavar="REV", help="measure this tree against REV")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (--compare)")
     args = parser.parse_args()
     scale = 0.25 if args.quick else 1.0
     os.sched_setaffinity(0, OTHER_CPU)
@@ -205,88 +322,89 @@ def main() -> None:
         tmp_path = Path(tmp)
         env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_DATA_DIR=str(tmp_path))
         env.pop("DATABASE_URL", None)
-        processes: list[subprocess.Popen[bytes]] = []
-
-        def start(name: str, argv: list[str], cpus: set[int], **extra: str) -> subprocess.Popen:
-            process = spawn(argv, dict(env, **extra), cpus, tmp_path / f"{name}.log")
-            processes.append(process)
-            return process
-
+        env.pop("REDIS_URL", None)
+        stack = Stack(tmp_path, env)
+        worktree: Path | None = None
         try:
-            # Non-streaming answers come at once; streams come one token a millisecond, so that
-            # each token is its own chunk (at 0 ms the engine's writes merge and flatter the
-            # relay). Each engine gets its own pool and its own bare proxy.
-            groups: dict[str, list[Server]] = {}
-            for slug, tpot in (("bench", "0"), ("bench-stream", "1")):
-                port = free_port()
-                engine = start(slug, simulator_argv(port, tpot), OTHER_CPU)
-                wait_http(f"http://127.0.0.1:{port}/health", engine)
-                groups[slug] = [Server("direct", port, "bench-model")]
-            # Saving a pool pushes to the pages' channel layer: Redis must be up first.
-            from nexus import embedded_redis
-            from nexus.env import bundled_redis_socket
-
-            processes.append(embedded_redis.start(bundled_redis_socket(tmp_path)))
-            token = configure(
-                tmp_path,
-                {slug: f"http://127.0.0.1:{group[0].port}/v1" for slug, group in groups.items()},
-            )
-            nexus = {
-                "nexus/daphne": daphne_argv,
-                "nexus/uvicorn": uvicorn_argv,
-            }
-            shared = {}
-            for label, argv in nexus.items():
-                port = free_port()
-                process = start(
-                    label.replace("/", "-"), argv(port, "nexus.asgi:application"), GATEWAY_CPU
-                )
-                wait_http(f"http://127.0.0.1:{port}/healthz", process)
-                shared[label] = (port, process)
-            for slug, group in groups.items():
-                port = free_port()
-                upstream = f"http://127.0.0.1:{group[0].port}/v1/chat/completions"
-                bare = start(
-                    f"bare-{slug}", daphne_argv(port, "bench.bare_proxy:application"),
-                    GATEWAY_CPU, BARE_PROXY_UPSTREAM=upstream,
+            engine_ports = stack.engines()
+            if args.compare:
+                worktree = tmp_path / "compared"
+                subprocess.run(
+                    ["git", "worktree", "add", "--detach", str(worktree), args.compare],
+                    cwd=REPO_ROOT, check=True, capture_output=True,
                 )  # fmt: skip
-                wait_http(f"http://127.0.0.1:{port}/", bare)
-                group.append(Server("bare/daphne", port, "bench-model", bare))
-                for label, (nexus_port, process) in shared.items():
-                    group.append(Server(label, nexus_port, f"@pool/{slug}", process))
-            report(token, groups, scale)
+                rev = git_describe(args.compare)
+                this = stack.nexus(REPO_ROOT, "this", engine_ports)
+                other = stack.nexus(worktree, "rev", engine_ports)
+                compare(rev, other, this, engine_ports, scale, args.rounds)
+            else:
+                this = stack.nexus(REPO_ROOT, "nexus", engine_ports)
+                groups = single_run_groups(stack, this, engine_ports)
+                report(groups, scale)
         finally:
-            for process in reversed(processes):
-                stop(process)
+            stack.stop()
+            if worktree is not None:
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(worktree)],
+                    cwd=REPO_ROOT, check=False, capture_output=True,
+                )  # fmt: skip
 
 
-def report(token: str, groups: dict[str, list[Server]], scale: float) -> None:
-    message = [{"role": "user", "content": "Summarise the benefits of load balancing."}]
-    scenarios = [
-        ("non-stream", 1, 600, {"max_tokens": 16}, "bench"),
-        ("non-stream", 64, 6000, {"max_tokens": 16}, "bench"),
-        ("stream 100", 1, 100, {"max_tokens": 100, "stream": True}, "bench-stream"),
-        ("stream 100", 64, 1280, {"max_tokens": 100, "stream": True}, "bench-stream"),
-    ]
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+def git_describe(rev: str) -> str:
+    """Return a short name for the revision, e.g. "main (1a2b3c4)"."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    return f"{rev} ({done.stdout.strip()})"
+
+
+def single_run_groups(
+    stack: Stack, nexus: dict[str, Server], engine_ports: dict[str, int]
+) -> dict[str, list[Server]]:
+    """Return per engine: the engine itself, a bare proxy to it, and Nexus under each server."""
+    groups: dict[str, list[Server]] = {}
+    for slug, engine_port in engine_ports.items():
+        port = free_port()
+        upstream = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
+        bare = stack.start(
+            f"bare-{slug}", daphne_argv(port, "bench.bare_proxy:application"),
+            GATEWAY_CPU, BARE_PROXY_UPSTREAM=upstream,
+        )  # fmt: skip
+        wait_http(f"http://127.0.0.1:{port}/", bare)
+        groups[slug] = [
+            Server("direct", engine_port, "bench-model"),
+            Server("bare/daphne", port, "bench-model", bare),
+            *(Server(s.label, s.port, f"@pool/{slug}", s.process, s.token) for s in nexus.values()),
+        ]
+    return groups
+
+
+def measure_server(server: Server, scenario: tuple, scale: float) -> Result:
+    _, concurrency, total, extra, _ = scenario
+    body = json.dumps({"model": server.model, "messages": MESSAGE, **extra}).encode()
+    headers = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"}
+    pid = server.process.pid if server.process else None
+    return measure(
+        f"http://127.0.0.1:{server.port}/v1/chat/completions", body, headers,
+        concurrency, max(int(total * scale), 20), pid,
+    )  # fmt: skip
+
+
+def report(groups: dict[str, list[Server]], scale: float) -> None:
     print(f"gateway overhead ({TARGETS})")
     print("bare/daphne: a proxy with nothing but daphne, httpx and the aiohttp transport")
     print(f"{'scenario':<16}{'path':<15}{'n':>6}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
           f"{'gw CPU ms/req':>15}{'p50 +ms':>9}")  # fmt: skip
-    for name, concurrency, total, extra, slug in scenarios:
+    for scenario in SCENARIOS:
+        name, concurrency, _, _, slug = scenario
         direct_p50 = None
         for server in groups[slug]:
-            body = json.dumps({"model": server.model, "messages": message, **extra}).encode()
-            pid = server.process.pid if server.process else None
-            result = measure(
-                f"http://127.0.0.1:{server.port}/v1/chat/completions", body, headers,
-                concurrency, max(int(total * scale), 20), pid,
-            )  # fmt: skip
+            result = measure_server(server, scenario, scale)
             p50 = result.percentile(0.5)
             if direct_p50 is None:
                 direct_p50 = p50
             cpu = f"{result.cpu_per_request:.3f}" if result.cpu_per_request is not None else "-"
-            added = f"{p50 - direct_p50:+.2f}" if pid else "-"
+            added = f"{p50 - direct_p50:+.2f}" if server.process else "-"
             print(
                 f"{name + f' c={concurrency}':<16}{server.label:<15}{result.requests:>6}"
                 f"{result.rate:>9.0f}{p50:>9.2f}{result.percentile(0.99):>9.2f}{cpu:>15}"
@@ -295,6 +413,48 @@ def report(token: str, groups: dict[str, list[Server]], scale: float) -> None:
             )
     print("latency under concurrency includes the shared CPU of the simulator and load generator;")
     print("the gateway's CPU per request is measured on its own pinned core.")
+
+
+def compare(
+    rev: str,
+    other: dict[str, Server],
+    this: dict[str, Server],
+    engine_ports: dict[str, int],
+    scale: float,
+    rounds: int,
+) -> None:
+    """Measure both trees' gateways alternately; print each scenario's figures side by side."""
+    print(f"gateway overhead: this tree vs {rev}, {rounds} alternating rounds per figure")
+    print(
+        f"{'scenario':<16}{'server':<9}{'n':>6}{'req/s rev':>11}{'req/s this':>11}{'p50 rev':>9}"
+        f"{'p50 this':>9}{'CPU ms/req rev':>16}{'this':>8}{'this/rev':>10}"
+    )
+    for scenario in SCENARIOS:
+        name, concurrency, _, _, slug = scenario
+        for server in SERVERS:
+            pair = {
+                label: Server(s.label, s.port, f"@pool/{slug}", s.process, s.token)
+                for label, s in (("rev", other[server]), ("this", this[server]))
+            }
+            totals: dict[str, Result] = {}
+            for round_ in range(rounds):
+                order = ["rev", "this"] if round_ % 2 == 0 else ["this", "rev"]
+                for label in order:
+                    result = measure_server(pair[label], scenario, scale)
+                    totals[label] = totals[label].add(result) if label in totals else result
+            rev_r, this_r = totals["rev"], totals["this"]
+            rev_cpu = rev_r.cpu_per_request or 0.0
+            this_cpu = this_r.cpu_per_request or 0.0
+            ratio = this_cpu / rev_cpu if rev_cpu else float("nan")
+            print(
+                f"{name + f' c={concurrency}':<16}{server:<9}{this_r.requests:>6}"
+                f"{rev_r.rate:>11.0f}{this_r.rate:>11.0f}"
+                f"{rev_r.percentile(0.5):>9.2f}{this_r.percentile(0.5):>9.2f}"
+                f"{rev_cpu:>16.3f}{this_cpu:>8.3f}{ratio:>10.2f}",
+                flush=True,
+            )
+    print("CPU ms/req: the gateway process's CPU (user + system, its own pinned core) per request,")
+    print("over every round; this/rev below 1.00 means this tree costs less.")
 
 
 if __name__ == "__main__":
