@@ -76,8 +76,8 @@ class LiveState:
     pool's round-robin turn is the most recently published one.
     """
 
-    processes: tuple[str, ...]  # the live gateway processes merged (none: nothing routes, or
-    # Redis is away)
+    # The live gateway processes merged; none when nothing routes or Redis is away.
+    processes: tuple[str, ...]
     read_at: float  # epoch seconds
     targets: dict[int, TargetReading] = field(default_factory=dict)
     queued: dict[int, int] = field(default_factory=dict)
