@@ -126,8 +126,8 @@ def test_every_table_the_snapshot_reads_is_a_declared_config_input() -> None:
         for table in TABLE.findall(query["sql"])
         if table in by_table
     }
+    assert ConfigVersion in read  # the capture sees what the snapshot reads
     assert read - {ConfigVersion} == set(config_inputs())
-    assert set(config_inputs()) == {ApiToken, Node, Pool, Service, Target}
 
 
 @pytest.mark.parametrize(("model", "name"), cases(declared))
