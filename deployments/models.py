@@ -8,6 +8,8 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
+from nodes.runtimes import RUNTIMES
+
 MIB = 1024 * 1024
 # How many of the agent's log lines a node row keeps: enough to explain a failure.
 LOG_LINES = 50
@@ -17,11 +19,14 @@ sha256_validator = RegexValidator(r"^[0-9a-f]{64}$", "Give 64 hexadecimal digits
 
 
 class Runtime(models.TextChoices):
-    SIMULATOR = "simulator", "Simulator"
-    LLAMA_CPP = "llama.cpp", "llama.cpp"
-    VLLM = "vllm", "vLLM"
-    SGLANG = "sglang", "SGLang"
-    CUSTOM = "custom", "Custom"
+    """The runtimes a deployment can put on nodes: the catalogue's deployable ones, by its names
+    (tests/deployments/test_runtimes.py keeps the two in step)."""
+
+    SIMULATOR = "simulator", RUNTIMES["simulator"].label
+    LLAMA_CPP = "llama-cpp", RUNTIMES["llama-cpp"].label
+    VLLM = "vllm", RUNTIMES["vllm"].label
+    SGLANG = "sglang", RUNTIMES["sglang"].label
+    CUSTOM = "custom", RUNTIMES["custom"].label
 
 
 class ModelSource(models.TextChoices):

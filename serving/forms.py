@@ -10,6 +10,7 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 
+from nodes.runtimes import RUNTIMES, Runtime
 from serving import services
 from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.launch import LaunchProblem
@@ -21,7 +22,6 @@ from serving.models import (
     ResourcePreset,
     validate_folder_name,
 )
-from serving.runtimes.variants import VARIANTS, RuntimeVariant
 
 # A service token always expires (DESIGN.md); ten years is the longest the form offers.
 MAX_TOKEN_DAYS = 3650
@@ -59,7 +59,7 @@ class ServiceLaunchForm(forms.Form):
     model_folder = forms.ChoiceField(label="Model folder")
     runtime_variant = forms.ChoiceField(
         label="Runtime variant",
-        choices=[(variant.name, variant.label) for variant in VARIANTS.values()],
+        choices=[(variant.name, variant.label) for variant in RUNTIMES.values()],
         initial="vllm",
     )
     custom_mode = forms.ChoiceField(
@@ -128,10 +128,10 @@ class ServiceLaunchForm(forms.Form):
             )
 
     @property
-    def variant(self) -> RuntimeVariant:
+    def variant(self) -> Runtime:
         """Return the runtime variant chosen (the initial one while unbound or unknown)."""
         chosen = self.data.get("runtime_variant") if self.is_bound else None
-        return VARIANTS.get(str(chosen), VARIANTS[self.fields["runtime_variant"].initial])
+        return RUNTIMES.get(str(chosen), RUNTIMES[self.fields["runtime_variant"].initial])
 
     @property
     def mode(self) -> str:

@@ -3,7 +3,7 @@
 The runtime variant decides where the command comes from:
 
 - a variant with a built-in command (vllm, sglang, nim, modular-max, llama-cpp, simulator):
-  `serving.runtimes.variants` builds it from the variables in `environ`, listening on `${PORT}`
+  `nodes.runtimes` builds it from the variables in `environ`, listening on `${PORT}`
   (the agent allocates the port), probed at the variant's health path;
 - custom with a pasted command: `serving.definitions.command_import` reads it (runtime, port,
   health path, mount, served name);
@@ -24,6 +24,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodes.runtimes import (
+    BACKEND_MODEL_NAME,
+    PORT_PLACEHOLDER,
+    RUNTIME_NAMES,
+    Runtime,
+    RuntimeVariantError,
+    build_command,
+    build_environ,
+    concurrency_of,
+    runtime,
+)
 from serving import folders
 from serving.definitions import (
     CommandImportError,
@@ -37,15 +48,6 @@ from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.definitions.model_definition import DEFAULT_HEALTH_CHECK
 from serving.definitions.values import key_path
 from serving.models import ModelFolder
-from serving.runtimes.variants import (
-    BACKEND_MODEL_NAME,
-    PORT_PLACEHOLDER,
-    RuntimeVariant,
-    RuntimeVariantError,
-    build_command,
-    build_environ,
-    variant,
-)
 
 CUSTOM = "custom"
 # The variable a process allocated a port by the agent finds it in, for scripts that read $PORT.
@@ -178,7 +180,7 @@ def resolve_launch(
     """
     problems: list[LaunchProblem] = []
     try:
-        chosen = variant(runtime_variant)
+        chosen = runtime(runtime_variant)
     except RuntimeVariantError as unknown:
         raise LaunchError([LaunchProblem("", "runtime_variant", str(unknown))]) from None
     given = _checked_environ(environ, problems)
@@ -241,7 +243,7 @@ def _check_mount(mount_destination: str, problems: list[LaunchProblem]) -> None:
 
 
 def _check_mode(
-    chosen: RuntimeVariant,
+    chosen: Runtime,
     command: str,
     model_definition_path: str,
     problems: list[LaunchProblem],
@@ -325,7 +327,7 @@ def _health_check(path: str, initial_delay: float | None = None) -> dict[str, An
     return check
 
 
-def _parallel_sizes(chosen: RuntimeVariant, env: Mapping[str, str]) -> tuple[int | None, ...]:
+def _parallel_sizes(chosen: Runtime, env: Mapping[str, str]) -> tuple[int | None, ...]:
     """Return the tensor and pipeline parallel sizes the variant's variables ask for."""
     prefix = PARALLEL_PREFIXES.get(chosen.name)
     if prefix is None:
@@ -338,7 +340,7 @@ def _parallel_sizes(chosen: RuntimeVariant, env: Mapping[str, str]) -> tuple[int
 
 
 def _from_variant(
-    chosen: RuntimeVariant,
+    chosen: Runtime,
     model_folder: ModelFolder,
     mount_destination: str,
     given: dict[str, str],
@@ -370,6 +372,7 @@ def _from_variant(
             "model_name": env.get(BACKEND_MODEL_NAME) or model_name,
             "health_check": _health_check(chosen.health_path, chosen.initial_delay),
             "pre_start_actions": [],
+            **_capacity(chosen.name, argv),
         },
         mount_destination=mount_destination,
         model_path=model_path,
@@ -382,7 +385,7 @@ def _from_variant(
 
 
 def _variant_model_path(
-    chosen: RuntimeVariant, model_folder: ModelFolder, mount_destination: str, warnings: list[str]
+    chosen: Runtime, model_folder: ModelFolder, mount_destination: str, warnings: list[str]
 ) -> str:
     """Return the model path the variant's command gets: the mount, or llama.cpp's .gguf file."""
     if chosen.name != "llama-cpp":
@@ -407,7 +410,7 @@ def _variant_model_path(
 
 
 def _variable_problem(
-    message: str, chosen: RuntimeVariant, given: Mapping[str, str], defaults: _Defaults
+    message: str, chosen: Runtime, given: Mapping[str, str], defaults: _Defaults
 ) -> LaunchProblem:
     """Return the problem of a variable the variant refused, at the place it was set."""
     # RuntimeVariantError's messages start with the variable's name ("VLLM_TP_SIZE must be ...").
@@ -453,6 +456,7 @@ def _from_command(
             "model_name": imported.served_model_name or model_name,
             "health_check": _health_check(imported.health_path),
             "pre_start_actions": [],
+            **_capacity(imported.runtime, argv),
         },
         mount_destination=mount,
         model_path=imported.model_path,
@@ -462,6 +466,13 @@ def _from_command(
         resource_slots=defaults.resource_slots,
         warnings=tuple(warnings),
     )
+
+
+def _capacity(runtime_name: str, argv: Sequence[str]) -> dict[str, int]:
+    """Return the spec's `capacity`, the requests a replica runs at once, when the runtime's
+    command tells it (its pool target then takes no more than that)."""
+    known = runtime_name in RUNTIME_NAMES and concurrency_of(runtime_name, argv)
+    return {"capacity": known} if known else {}
 
 
 def _mentions_port(argv: Sequence[str]) -> bool:

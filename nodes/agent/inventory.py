@@ -37,8 +37,8 @@ _STATES = {
 }
 # `owned_by` values of known runtimes' /v1/models entries.
 _OWNERS = {
-    "llamacpp": "llama.cpp",
-    "llama.cpp": "llama.cpp",
+    "llamacpp": "llama-cpp",
+    "llama.cpp": "llama-cpp",
     "vllm": "vllm",
     "sglang": "sglang",
     "nexus-simulator": "simulator",

@@ -88,7 +88,7 @@ def parse_deploy(spec: Any, allowed_dirs: Sequence[Path]) -> DeployRequest:
         raise invalid("kind", f"unknown kind {spec['kind']!r} (deploy)")
     runtime = _parse_runtime(spec.get("runtime"))
     model = _parse_model(spec.get("model"), allowed_dirs)
-    if runtime.name == "llama.cpp" and model.source == "hf" and not model.file:
+    if runtime.name == "llama-cpp" and model.source == "hf" and not model.file:
         raise invalid("model.file", "required for llama.cpp, which serves one .gguf file")
     return DeployRequest(runtime=runtime, model=model)
 

@@ -20,28 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodes.agent.resources import detect_gpus
+from nodes.runtimes import catalogue
 
-NAMES = ("simulator", "llama.cpp", "vllm", "sglang", "custom")
+NAMES = catalogue.DEPLOYABLE_NAMES
 STAMP_FILE = "nexus-installed.json"
 # llama-cpp-python compiles llama.cpp (about 5 minutes on a small machine) and vLLM pulls
 # gigabytes of wheels; an install that takes longer than this is stuck, not slow.
 INSTALL_TIMEOUT_S = 3600.0
-# How long a started runtime may take to list its model: the simulator answers within a second;
-# llama.cpp maps a file; vLLM and SGLang load weights onto the GPU and compile kernels first.
-READY_TIMEOUT_S = {
-    "simulator": 120.0,
-    "custom": 120.0,
-    "llama.cpp": 600.0,
-    "vllm": 1800.0,
-    "sglang": 1800.0,
-}
-# The pip requirement each installable runtime is served by, and its directory under runtimes/.
-_PIP_RUNTIMES = {
-    "llama.cpp": ("llama-cpp", "llama-cpp-python[server]"),
-    "vllm": ("vllm", "vllm"),
-    "sglang": ("sglang", "sglang[all]"),
-}
-_GPU_RUNTIMES = {"vllm": "vLLM", "sglang": "SGLang"}
 _PIP_TAIL_LINES = 15
 
 
@@ -59,16 +44,18 @@ class RuntimeSpec:
 
     def requirements(self) -> tuple[str, ...]:
         """Return the pip requirements this runtime needs; empty when nothing is installed."""
-        if self.name in _PIP_RUNTIMES:
-            return (_PIP_RUNTIMES[self.name][1],)
+        install = catalogue.runtime(self.name).install
+        if install is not None:
+            return (install.requirement,)
         if self.name == "custom" and self.requirement:
             return (self.requirement,)
         return ()
 
     def venv(self, data_dir: Path) -> Path | None:
         """Return the virtual environment this runtime lives in, or None when it needs none."""
-        if self.name in _PIP_RUNTIMES:
-            return data_dir / "runtimes" / _PIP_RUNTIMES[self.name][0]
+        install = catalogue.runtime(self.name).install
+        if install is not None:
+            return data_dir / "runtimes" / install.venv
         if self.name == "custom" and self.requirement:
             # One environment per requirement, so two custom runtimes never share packages.
             digest = hashlib.sha256(self.requirement.encode()).hexdigest()[:12]
@@ -77,20 +64,19 @@ class RuntimeSpec:
 
     def ready_timeout_s(self) -> float:
         """Return how long the started runtime may take to list its model."""
-        return READY_TIMEOUT_S[self.name]
+        return catalogue.runtime(self.name).ready_timeout_s
 
 
 def serve_argv(
     runtime: RuntimeSpec, venv: Path | None, model_path: Path, model_name: str
 ) -> list[str]:
-    """Return the argv that serves the model on `${PORT}` (the process manager fills it in)."""
+    """Return the argv that serves the model on `${PORT}` (the process manager fills it in).
+
+    The catalogue's command, as a service of that runtime runs it, with the runtime's own
+    interpreter when the job installed one (its other commands resolve first through PATH,
+    `serve_env`).
+    """
     path = str(model_path)
-    if runtime.name == "simulator":
-        return [
-            sys.executable,
-            *("-m", "serving.runtimes.simulator"),
-            *("--host", "127.0.0.1", "--port", "${PORT}", "--model", model_name),
-        ]
     if runtime.name == "custom":
         substitutions = {"${MODEL_PATH}": path, "${MODEL_NAME}": model_name}
         argv = [_substitute(arg, substitutions) for arg in runtime.argv]
@@ -98,34 +84,15 @@ def serve_argv(
         if venv is not None and "/" not in argv[0] and (venv / "bin" / argv[0]).exists():
             argv[0] = str(venv / "bin" / argv[0])
         return argv
-    assert venv is not None, f"{runtime.name} always runs in a virtual environment"
-    python = str(venv / "bin" / "python")
-    listen = ["--host", "127.0.0.1", "--port", "${PORT}"]
-    if runtime.name == "llama.cpp":
-        return [
-            python,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            path,
-            "--model_alias",
-            model_name,
-            *listen,
-        ]
-    if runtime.name == "vllm":
-        return [
-            str(venv / "bin" / "vllm"),
-            "serve",
-            path,
-            "--served-model-name",
-            model_name,
-            *listen,
-        ]
-    return [
-        python,
-        *("-m", "sglang.launch_server", "--model-path", path, "--served-model-name", model_name),
-        *listen,
-    ]
+    python = str(venv / "bin" / "python") if venv is not None else catalogue.PYTHON_PLACEHOLDER
+    return catalogue.build_command(
+        runtime.name,
+        model_path=path,
+        model_name=model_name,
+        port=catalogue.PORT_PLACEHOLDER,
+        env={},
+        python=python,
+    )
 
 
 def serve_env(venv: Path | None) -> dict[str, str]:
@@ -146,9 +113,10 @@ def _substitute(arg: str, substitutions: dict[str, str]) -> str:
 
 async def gpu_missing(runtime: RuntimeSpec) -> str | None:
     """Return why the runtime cannot run here when it needs an NVIDIA GPU and none is present."""
-    label = _GPU_RUNTIMES.get(runtime.name)
-    if label is None or await detect_gpus():
+    found = catalogue.runtime(runtime.name)
+    if found.install is None or not found.install.needs_gpu or await detect_gpus():
         return None
+    label = found.label
     return f"{label} needs an NVIDIA GPU; this node has none (nvidia-smi found no GPU)"
 
 

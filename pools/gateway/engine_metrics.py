@@ -15,21 +15,19 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from nodes.runtimes import metric_names
+
 log = logging.getLogger(__name__)
 
 STALE_AFTER_S = 2.0
 SCRAPE_INTERVAL_S = 1.0
 SCRAPE_TIMEOUT_S = 0.8
 
-# Gauge names per runtime: (running, waiting). The first family present in a scrape wins.
-RUNNING_NAMES = (
-    "vllm:num_requests_running",
-    "sglang:num_running_reqs",
-    "llamacpp:requests_processing",
-)
-WAITING_NAMES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
+# Gauge names per runtime, from the runtime catalogue: (running, waiting). The first family
+# present in a scrape wins.
+RUNNING_NAMES, WAITING_NAMES = metric_names()
 WANTED = frozenset(RUNNING_NAMES + WAITING_NAMES)
-WANTED_PREFIXES = ("vllm:", "sglang:", "llamacpp:")
+WANTED_PREFIXES = tuple(sorted({name.partition(":")[0] + ":" for name in WANTED}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from nodes.models import Node
+from nodes.runtimes import RUNTIME_NAMES
 from serving import folders, services
 from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.models import (
@@ -22,7 +23,6 @@ from serving.models import (
     Service,
     validate_folder_name,
 )
-from serving.runtimes.variants import VARIANT_NAMES
 
 VALIDATE_KINDS = ("model-definition", "service-definition", "command")
 
@@ -316,7 +316,7 @@ class LaunchFieldsSerializer(serializers.Serializer):
 
     model_folder = serializers.CharField(help_text="The model folder's name.")
     runtime_variant = serializers.CharField(
-        help_text=f"One of: {', '.join(VARIANT_NAMES)}.",
+        help_text=f"One of: {', '.join(RUNTIME_NAMES)}.",
     )
     mount_destination = serializers.CharField(
         default=DEFAULT_MOUNT,

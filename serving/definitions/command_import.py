@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from serving.runtimes.variants import PORT_PLACEHOLDER, variant
+from nodes.runtimes import PORT_PLACEHOLDER
+from nodes.runtimes import runtime as variant
 
 DEFAULT_MOUNT = "/models"
 PORT_OPTIONS = ("--port", "-p")
@@ -38,7 +39,8 @@ NAME_OPTIONS: Mapping[str, tuple[str, ...]] = {
     "sglang": ("--served-model-name",),
     "nim": (),
     "modular-max": ("--served-model-name",),
-    "llama-cpp": ("--alias", "-a"),
+    # llama-server's and llama-cpp-python's server's.
+    "llama-cpp": ("--alias", "-a", "--model_alias"),
     "custom": ("--served-model-name",),
     "simulator": ("--model",),
 }
@@ -52,6 +54,7 @@ NAME_VARIABLES: Mapping[str, str] = {"nim": "NIM_SERVED_MODEL_NAME"}
 PYTHON_MODULES: Mapping[str, str] = {
     "vllm.entrypoints.openai.api_server": "vllm",
     "sglang.launch_server": "sglang",
+    "llama_cpp.server": "llama-cpp",
     "serving.runtimes.simulator": "simulator",
 }
 # docker run options that take a value; every other option is a flag. Grouped by topic.

@@ -15,7 +15,7 @@ from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any
 
-from serving.runtimes.variants import VARIANT_NAMES
+from nodes.runtimes import RUNTIME_NAMES
 
 from .errors import DefinitionError, Problem
 from .values import (
@@ -114,8 +114,8 @@ def parse_service_definition(text: str, file: str = DEFAULT_FILE) -> ServiceDefi
     variants: dict[str, VariantDefaults] = {}
     for name, value in document.items():
         path = key_path("", name)
-        if name not in VARIANT_NAMES:
-            problems.add(path, f"unknown runtime variant; known: {', '.join(VARIANT_NAMES)}")
+        if name not in RUNTIME_NAMES:
+            problems.add(path, f"unknown runtime variant; known: {', '.join(RUNTIME_NAMES)}")
             continue
         defaults = _variant(problems, path, value)
         if defaults is not None:

@@ -111,7 +111,7 @@ def test_it_needs_at_least_one_node_and_each_only_once() -> None:
             {"model_location": ["Give a Hugging Face repository as org/repo."]},
         ),
         (
-            {"runtime": "llama.cpp", "model_source": "hf", "model_location": "org/repo"},
+            {"runtime": "llama-cpp", "model_source": "hf", "model_location": "org/repo"},
             {"model_file": ["llama.cpp serves one .gguf file: name it in the repository."]},
         ),
         ({"model_name": " "}, {"model_name": ["Name the model id the runtime serves."]}),

@@ -106,7 +106,12 @@ def test_both_sizes_together():
         ("/opt/nim/start_server.sh", "nim", None, None),
         ("NIM_SERVED_MODEL_NAME=llm /opt/nim/start_server.sh", "nim", None, "llm"),
         ("python app.py --model /models/e", "custom", "/models/e", None),
-        ("python -m llama_cpp.server --model /models/f", "custom", "/models/f", None),
+        (
+            "python -m llama_cpp.server --model /models/f --model_alias t",
+            "llama-cpp",
+            "/models/f",
+            "t",
+        ),
         ("text-generation-launcher --model-id x", "custom", None, None),
     ],
     ids=lambda value: str(value)[:40],

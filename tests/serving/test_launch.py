@@ -94,6 +94,7 @@ VARIANT_CASES = [
             "model_name": "llama",
             "health_check": health("/health"),
             "pre_start_actions": [],
+            "capacity": 128,
         },
     ),
     Case(
@@ -124,6 +125,7 @@ VARIANT_CASES = [
             "model_name": "chat",
             "health_check": health("/health"),
             "pre_start_actions": [],
+            "capacity": 128,
         },
     ),
     Case(
@@ -174,14 +176,16 @@ VARIANT_CASES = [
         {"runtime_variant": "llama-cpp"},
         {
             "argv": [
-                *("llama-server", "-m", "/models/weights/model-00001-of-00002.gguf", *LISTEN),
-                *("--alias", "llama"),
+                *("${NEXUS_PYTHON}", "-m", "llama_cpp.server"),
+                *("--model", "/models/weights/model-00001-of-00002.gguf"),
+                *("--model_alias", "llama", *LISTEN),
             ],
             "env": AGENT_PORT,
             "port": None,
             "model_name": "llama",
             "health_check": health("/health"),
             "pre_start_actions": [],
+            "capacity": 1,
         },
         files={
             "weights/model-00002-of-00002.gguf": "shard",
@@ -208,6 +212,7 @@ VARIANT_CASES = [
             "model_name": "demo",
             "health_check": health("/health", initial_delay=1.0),
             "pre_start_actions": [],
+            "capacity": 8,
         },
     ),
     Case(
@@ -220,6 +225,7 @@ VARIANT_CASES = [
             "model_name": "llama",
             "health_check": health("/health"),
             "pre_start_actions": [],
+            "capacity": 128,
         },
     ),
     Case(
@@ -235,6 +241,7 @@ VARIANT_CASES = [
             "model_name": "given",
             "health_check": health("/health"),
             "pre_start_actions": [],
+            "capacity": 128,
         },
         files={"service-definition.toml": SERVICE_DEFINITION},
     ),
@@ -267,6 +274,7 @@ COMMAND_CASES = [
             "model_name": "llama",
             "health_check": health("/health"),
             "pre_start_actions": [],
+            "capacity": 128,
         },
     ),
     Case(
@@ -325,6 +333,7 @@ COMMAND_CASES = [
             "model_name": "llama",
             "health_check": health("/health"),
             "pre_start_actions": [],
+            "capacity": 128,
         },
     ),
     Case(
@@ -342,6 +351,7 @@ COMMAND_CASES = [
             "model_name": "llama",
             "health_check": health("/health"),
             "pre_start_actions": [],
+            "capacity": 128,
         },
     ),
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nodes.runtimes import RUNTIME_NAMES
 from serving.definitions import (
     DefinitionError,
     Environment,
@@ -12,7 +13,6 @@ from serving.definitions import (
     parse_memory,
     parse_service_definition,
 )
-from serving.runtimes.variants import VARIANT_NAMES
 
 GIB = 1024**3
 MIB = 1024**2
@@ -64,7 +64,7 @@ def test_the_reference_example_parses_to_its_values():
     }
 
 
-@pytest.mark.parametrize("name", VARIANT_NAMES)
+@pytest.mark.parametrize("name", RUNTIME_NAMES)
 def test_every_runtime_variant_may_have_a_section(name):
     text = f'[{name}.environ]\nA = "1"\n'
 

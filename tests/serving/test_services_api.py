@@ -157,6 +157,7 @@ def test_an_owner_creates_a_vllm_service_with_its_first_revision(owner: APIClien
         "model_name": "llama",
         "health_check": HEALTH,
         "pre_start_actions": [],
+        "capacity": 128,
     }
     assert body["routes"] == []
     assert [(r["number"], r["state"]) for r in body["revisions"]] == [(1, "pending")]

@@ -73,7 +73,7 @@ def test_the_state_is_what_the_runtime_reports_or_unknown(entry: dict, state: st
 @pytest.mark.parametrize(
     ("owned_by", "base_url", "runtime"),
     [
-        ("llamacpp", "http://127.0.0.1:8080/v1", "llama.cpp"),
+        ("llamacpp", "http://127.0.0.1:8080/v1", "llama-cpp"),
         ("vllm", "http://127.0.0.1:8000/v1", "vllm"),
         ("nexus-simulator", "http://127.0.0.1:9101/v1", "simulator"),
         ("library", "http://127.0.0.1:11434/v1", "ollama"),

@@ -520,7 +520,7 @@ async def test_a_runtime_command_that_cannot_be_run_fails_the_job(
 async def test_a_runtime_that_never_lists_its_model_is_stopped(
     runner: JobRunner, processes: ProcessManager, allowed_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(runtimes.READY_TIMEOUT_S, "custom", 1.5)
+    monkeypatch.setattr(runtimes.RuntimeSpec, "ready_timeout_s", lambda self: 1.5)
     model = allowed_dir / "weights.bin"
     model.write_bytes(b"weights")
     argv = [sys.executable, "-c", PROBE, "${PORT}", "some-other-model"]
@@ -602,7 +602,7 @@ URL = "http://127.0.0.1:9/model.gguf"
         (deploy(http_model(URL), {"argv": []}), "runtime.name: required"),
         (
             deploy(http_model(URL), {"name": "foo"}),
-            "runtime.name: unknown runtime 'foo' (simulator, llama.cpp, vllm, sglang, custom)",
+            "runtime.name: unknown runtime 'foo' (vllm, sglang, llama-cpp, custom, simulator)",
         ),
         (
             deploy(http_model(URL), {"name": "simulator", "requirement": "vllm"}),
@@ -693,7 +693,7 @@ URL = "http://127.0.0.1:9/model.gguf"
             "model.name: must be printable, at most 200 characters",
         ),
         (
-            deploy({"source": "hf", "location": "org/tiny"}, {"name": "llama.cpp"}),
+            deploy({"source": "hf", "location": "org/tiny"}, {"name": "llama-cpp"}),
             "model.file: required for llama.cpp, which serves one .gguf file",
         ),
     ],

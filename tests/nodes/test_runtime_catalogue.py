@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from serving.runtimes.simulator.config import SimulatorConfig, parse_args
-from serving.runtimes.variants import (
-    VARIANT_NAMES,
-    VARIANTS,
+from nodes.runtimes import (
+    RUNTIME_NAMES,
+    RUNTIMES,
     RuntimeVariantError,
     build_command,
     build_environ,
-    variant,
+    runtime,
 )
+from serving.runtimes.simulator.config import SimulatorConfig, parse_args
 
 KNOWN = "vllm, sglang, nim, modular-max, llama-cpp, custom, simulator"
 LISTEN = ["--host", "127.0.0.1", "--port", "8123"]
@@ -35,20 +35,20 @@ def command(name: str, **env: str) -> list[str]:
     ],
 )
 def test_each_variant_fixes_its_port_and_health_path(name, label, port, health_path):
-    chosen = variant(name)
+    chosen = runtime(name)
 
     assert (chosen.label, chosen.port, chosen.health_path) == (label, port, health_path)
 
 
 def test_the_variants_are_the_seven_in_launcher_order():
-    assert ", ".join(VARIANT_NAMES) == KNOWN
-    assert list(VARIANTS) == list(VARIANT_NAMES)
+    assert ", ".join(RUNTIME_NAMES) == KNOWN
+    assert list(RUNTIMES) == list(RUNTIME_NAMES)
 
 
 @pytest.mark.parametrize("name", ["vLLM", "tgi", "", "llama.cpp"])
 def test_an_unknown_name_is_refused_with_the_known_ones(name):
     with pytest.raises(RuntimeVariantError) as caught:
-        variant(name)
+        runtime(name)
 
     assert str(caught.value) == f"unknown runtime variant {name!r}; known: {KNOWN}"
 
@@ -70,7 +70,13 @@ def test_an_unknown_name_is_refused_with_the_known_ones(name):
         ),
         ("nim", ["/opt/nim/start_server.sh"]),
         ("modular-max", ["max", "serve", "--model-path", "/models/llama"]),
-        ("llama-cpp", ["llama-server", "-m", "/models/llama", *LISTEN, "--alias", "llama"]),
+        (
+            "llama-cpp",
+            [
+                *("${NEXUS_PYTHON}", "-m", "llama_cpp.server", "--model", "/models/llama"),
+                *("--model_alias", "llama", *LISTEN),
+            ],
+        ),
         (
             "simulator",
             ["${NEXUS_PYTHON}", "-m", "serving.runtimes.simulator", *LISTEN, "--model", "llama"],
@@ -141,7 +147,10 @@ SGLANG_BASE = [
         (
             "llama-cpp",
             {"BACKEND_MODEL_NAME": "chat"},
-            ["llama-server", "-m", "/models/llama", *LISTEN, "--alias", "chat"],
+            [
+                *("${NEXUS_PYTHON}", "-m", "llama_cpp.server", "--model", "/models/llama"),
+                *("--model_alias", "chat", *LISTEN),
+            ],
         ),
         (
             "simulator",
@@ -196,7 +205,7 @@ def test_the_port_may_be_the_placeholder_the_agent_fills_in():
 
 
 def test_a_variant_object_works_as_well_as_its_name():
-    assert build_command(VARIANTS["vllm"], model_path="/m", model_name="m", port=1, env={}) == (
+    assert build_command(RUNTIMES["vllm"], model_path="/m", model_name="m", port=1, env={}) == (
         build_command("vllm", model_path="/m", model_name="m", port=1, env={})
     )
 
@@ -236,21 +245,21 @@ def test_the_environ_adds_what_the_server_reads_its_port_and_name_from(name, env
 
 
 def test_the_vllm_and_sglang_variants_list_the_reference_variables():
-    assert list(variant("vllm").env_vars) == [
+    assert list(runtime("vllm").env_vars) == [
         "BACKEND_MODEL_NAME",
         "VLLM_QUANTIZATION",
         "VLLM_TP_SIZE",
         "VLLM_PP_SIZE",
         "VLLM_EXTRA_ARGS",
     ]
-    assert list(variant("sglang").env_vars) == [
+    assert list(runtime("sglang").env_vars) == [
         "BACKEND_MODEL_NAME",
         "SGLANG_QUANTIZATION",
         "SGLANG_TP_SIZE",
         "SGLANG_PP_SIZE",
         "SGLANG_EXTRA_ARGS",
     ]
-    assert all(meaning for meaning in variant("vllm").env_vars.values())
+    assert all(meaning for meaning in runtime("vllm").env_vars.values())
 
 
 def test_the_simulator_command_is_one_its_own_parser_accepts():
@@ -259,16 +268,26 @@ def test_the_simulator_command_is_one_its_own_parser_accepts():
     config = parse_args(argv[3:])
 
     assert (config.host, config.port, config.model) == ("127.0.0.1", 9200, "demo")
-    assert variant("simulator").port == SimulatorConfig().port
+    assert runtime("simulator").port == SimulatorConfig().port
 
 
 def test_to_dict_describes_the_variant():
-    assert variant("custom").to_dict() == {
+    assert runtime("custom").to_dict() == {
         "name": "custom",
         "label": "Custom",
         "port": 8000,
         "health_path": "/health",
         "env_vars": {},
         "has_command": False,
+        "multi_node": False,
+        "parameter_tabs": [],
     }
-    assert variant("vllm").to_dict()["has_command"] is True
+    vllm = runtime("vllm").to_dict()
+    assert (vllm["has_command"], vllm["multi_node"]) == (True, True)
+    assert vllm["parameter_tabs"] == [
+        "Model Loading",
+        "Resource Memory",
+        "Serving Performance",
+        "Multimodal",
+        "Tool Reasoning",
+    ]
