@@ -9,11 +9,12 @@ from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
+from django.utils.text import slugify
 
-from nodes.runtimes import RUNTIMES, Runtime
+from nodes.runtimes import RUNTIMES, Parameter, Runtime
 from serving import services
 from serving.definitions.command_import import DEFAULT_MOUNT
-from serving.launch import LaunchProblem
+from serving.launch import MAX_CLUSTER_SIZE, LaunchProblem
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
@@ -28,6 +29,10 @@ MAX_TOKEN_DAYS = 3650
 CUSTOM_MODES = [
     ("command", "a command line"),
     ("definition", "the folder's model definition"),
+]
+CLUSTER_MODES = [
+    ("single", "Single Node"),
+    ("multi", "Multi Node"),
 ]
 
 
@@ -100,6 +105,21 @@ class ServiceLaunchForm(forms.Form):
         initial=1,
         widget=forms.NumberInput(attrs={"min": 0, "max": services.MAX_REPLICAS}),
     )
+    cluster_mode = forms.ChoiceField(
+        label="Cluster mode",
+        choices=CLUSTER_MODES,
+        initial="single",
+        required=False,
+        widget=forms.RadioSelect,
+        help_text="Multi Node: each replica is one main and workers, each on its own node.",
+    )
+    cluster_size = forms.IntegerField(
+        label="Nodes per replica",
+        required=False,
+        initial=2,
+        widget=forms.NumberInput(attrs={"min": 2, "max": MAX_CLUSTER_SIZE}),
+        help_text="The main and its workers (Multi Node only).",
+    )
     resource_group = forms.ChoiceField(label="Resource group")
     preset = forms.ChoiceField(label="Resource preset", required=False)
     open_to_public = forms.BooleanField(
@@ -126,6 +146,9 @@ class ServiceLaunchForm(forms.Form):
             self.fields[env_field(name)] = forms.CharField(
                 label=name, required=False, help_text=meaning
             )
+        table = self.variant.parameters
+        for parameter in table.parameters if table else ():
+            self.fields[parameter_field(parameter.key)] = parameter_form_field(parameter)
 
     @property
     def variant(self) -> Runtime:
@@ -138,6 +161,34 @@ class ServiceLaunchForm(forms.Form):
         """Return how a Custom service is defined: "command" or "definition"."""
         chosen = self.data.get("custom_mode") if self.is_bound else None
         return chosen if chosen in dict(CUSTOM_MODES) else "command"
+
+    @property
+    def cluster(self) -> str:
+        """Return the cluster mode chosen: "single" or "multi"."""
+        chosen = self.data.get("cluster_mode") if self.is_bound else None
+        return chosen if chosen in dict(CLUSTER_MODES) else "single"
+
+    def parameter_tabs(self) -> list[dict[str, Any]]:
+        """Return the chosen runtime's parameter tabs, each with its fields, for the template."""
+        table = self.variant.parameters
+        if table is None:
+            return []
+        return [
+            {
+                "name": tab,
+                "slug": slugify(tab),
+                "fields": [
+                    (self[parameter_field(p.key)], p.flag, parameter_field(p.key))
+                    for p in table.in_tab(tab)
+                ],
+            }
+            for tab in table.tabs
+        ]
+
+    def error_slot_fields(self) -> list[forms.BoundField]:
+        """Return the fields whose errors the live check shows next to them."""
+        names = [name for name in self.fields if name.startswith("param_")]
+        return [self[name] for name in [*names, "cluster_size"]]
 
     def variable_fields(self) -> list[forms.BoundField]:
         """Return the chosen variant's own variables, for the template."""
@@ -174,11 +225,25 @@ class ServiceLaunchForm(forms.Form):
             ),
             "mount_destination": data["mount_destination"],
             "environ": {**environ, **data["variables"]},
+            "runtime_parameters": {
+                key: data[parameter_field(key)]
+                for key in (self.variant.parameters.by_key if self.variant.parameters else {})
+                if data.get(parameter_field(key), "").strip()
+            },
+            "cluster_size": (data.get("cluster_size") or 0) if self.cluster == "multi" else 1,
             "desired_replicas": data["desired_replicas"],
             "resource_group": data["resource_group"],
             "preset": data["preset"] or None,
             "open_to_public": data["open_to_public"],
         }
+
+    def field_of(self, path: str) -> str | None:
+        """Return the form field a problem's key path belongs to ("runtime_parameters.dtype"
+        is the field param_dtype), or None when it is none of the form's."""
+        head, _, key = path.partition(".")
+        if head == "runtime_parameters" and parameter_field(key) in self.fields:
+            return parameter_field(key)
+        return head if head in self.fields else None
 
     def problems(self) -> list[LaunchProblem]:
         """Return the form's own errors as problems at their fields."""
@@ -187,6 +252,46 @@ class ServiceLaunchForm(forms.Form):
             for field, messages in self.errors.items()
             for message in messages
         ]
+
+
+def parameter_field(key: str) -> str:
+    """Return the form field of a runtime parameter."""
+    return f"param_{key}"
+
+
+def parameter_form_field(parameter: Parameter) -> forms.Field:
+    """Return a text field for a parameter: its value is checked by the catalogue, so the page
+    and the API refuse the same things with the same words; the widget only hints."""
+    attrs: dict[str, Any] = {"data-flag": parameter.flag}
+    if parameter.placeholder:
+        attrs["placeholder"] = parameter.placeholder
+    if parameter.kind == "choice":
+        choices = [("", "default"), *((choice, choice) for choice in parameter.choices)]
+        return forms.ChoiceField(
+            label=parameter.label,
+            required=False,
+            choices=choices,
+            help_text=parameter.help,
+            widget=forms.Select(attrs=attrs),
+        )
+    if parameter.kind == "bool":
+        choices = [("", "default"), ("true", "on"), ("false", "off")]
+        return forms.ChoiceField(
+            label=parameter.label,
+            required=False,
+            choices=choices,
+            help_text=parameter.help,
+            widget=forms.Select(attrs=attrs),
+        )
+    if parameter.kind in ("int", "float"):
+        attrs["inputmode"] = "numeric" if parameter.kind == "int" else "decimal"
+    return forms.CharField(
+        label=parameter.label,
+        required=False,
+        strip=False,
+        help_text=parameter.help,
+        widget=forms.TextInput(attrs=attrs),
+    )
 
 
 def env_field(name: str) -> str:

@@ -28,10 +28,14 @@ from nodes.runtimes import (
     BACKEND_MODEL_NAME,
     PORT_PLACEHOLDER,
     RUNTIME_NAMES,
+    RUNTIMES,
+    ParameterError,
     Runtime,
     RuntimeVariantError,
+    build_cluster,
     build_command,
     build_environ,
+    checked_parameters,
     concurrency_of,
     runtime,
 )
@@ -50,6 +54,8 @@ from serving.definitions.values import key_path
 from serving.models import ModelFolder
 
 CUSTOM = "custom"
+# A replica spans at most this many nodes: one main and its workers.
+MAX_CLUSTER_SIZE = 16
 # The variable a process allocated a port by the agent finds it in, for scripts that read $PORT.
 PORT_VARIABLE = "PORT"
 # Definition files are short text; a larger one is a mistake, not something to read whole.
@@ -132,6 +138,12 @@ class Launch:
         """Return the command as one line, quoted so that a shell splits it back the same way."""
         return shlex.join(self.spec["argv"])
 
+    @property
+    def worker_command_line(self) -> str:
+        """Return a multi-node replica's worker command as one line ("" on a single node)."""
+        cluster = self.spec.get("cluster")
+        return shlex.join(cluster["worker_argv"]) if cluster else ""
+
     def to_dict(self) -> dict[str, Any]:
         """Return the launch as JSON-ready values."""
         return {
@@ -172,11 +184,15 @@ def resolve_launch(
     command: str = "",
     environ: Mapping[str, str] | None = None,
     model_name: str = "",
+    runtime_parameters: Mapping[str, Any] | None = None,
+    cluster_size: int = 1,
 ) -> Launch:
     """Return the resolved launch for these launcher settings; raise LaunchError listing why not.
 
     `model_name` is the name the server serves the model as, unless BACKEND_MODEL_NAME, the
     command or the model definition says otherwise; it defaults to the folder's name.
+    `runtime_parameters` are the launcher's vLLM/SGLang tabs (nodes.runtimes.parameters);
+    a `cluster_size` above 1 runs each replica as one main and workers on other nodes.
     """
     problems: list[LaunchProblem] = []
     try:
@@ -184,6 +200,8 @@ def resolve_launch(
     except RuntimeVariantError as unknown:
         raise LaunchError([LaunchProblem("", "runtime_variant", str(unknown))]) from None
     given = _checked_environ(environ, problems)
+    parameters = _checked_parameters(chosen, runtime_parameters, problems)
+    _check_cluster(chosen, cluster_size, problems)
     _check_mount(mount_destination, problems)
     _check_mode(chosen, command, model_definition_path, problems)
     try:
@@ -196,12 +214,44 @@ def resolve_launch(
         raise LaunchError(problems)
     name = model_name or model_folder.name
     if chosen.command is not None:
-        return _from_variant(chosen, model_folder, mount_destination, given, defaults, name)
+        return _from_variant(
+            chosen, model_folder, mount_destination, given, defaults, name, parameters, cluster_size
+        )
     if command.strip():
         return _from_command(command, mount_destination, given, defaults, name)
     return _from_model_definition(
         model_folder, model_definition_path, mount_destination, given, defaults
     )
+
+
+def _checked_parameters(
+    chosen: Runtime, values: Mapping[str, Any] | None, problems: list[LaunchProblem]
+) -> dict[str, str]:
+    """Return the runtime's checked parameter values, recording every one it cannot use."""
+    if not values:
+        return {}
+    if not isinstance(values, Mapping):
+        problems.append(LaunchProblem("", "runtime_parameters", "must be a mapping of values"))
+        return {}
+    checked: dict[str, str] = {}
+    for key, value in values.items():
+        try:
+            checked.update(checked_parameters(chosen, {key: value}))
+        except ParameterError as refused:
+            path = key_path("runtime_parameters", str(refused.key))
+            problems.append(LaunchProblem("", path, refused.message))
+    return checked
+
+
+def _check_cluster(chosen: Runtime, size: object, problems: list[LaunchProblem]) -> None:
+    """Record a cluster size that is not a whole number of nodes the runtime can span."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_CLUSTER_SIZE:
+        message = f"must be a number of nodes from 1 to {MAX_CLUSTER_SIZE}, not {size!r}"
+        problems.append(LaunchProblem("", "cluster_size", message))
+    elif size > 1 and chosen.cluster is None:
+        multi = ", ".join(name for name, found in RUNTIMES.items() if found.cluster is not None)
+        message = f"{chosen.label} runs on a single node; multi-node runtimes: {multi}"
+        problems.append(LaunchProblem("", "cluster_size", message))
 
 
 def _checked_environ(
@@ -346,15 +396,32 @@ def _from_variant(
     given: dict[str, str],
     defaults: _Defaults,
     model_name: str,
+    parameters: dict[str, str],
+    cluster_size: int,
 ) -> Launch:
     """Return the launch of a variant's built-in command, listening on the agent's port."""
     env = {**defaults.environ, **given}
     warnings: list[str] = []
     model_path = _variant_model_path(chosen, model_folder, mount_destination, warnings)
+    inputs = {
+        "model_path": model_path,
+        "model_name": model_name,
+        "port": PORT_PLACEHOLDER,
+        "env": env,
+        "parameters": parameters,
+    }
+    actions: list[dict[str, Any]] = []
+    cluster: dict[str, Any] | None = None
     try:
-        argv = build_command(
-            chosen, model_path=model_path, model_name=model_name, port=PORT_PLACEHOLDER, env=env
-        )
+        argv = build_command(chosen, **inputs)
+        if cluster_size > 1:
+            main, worker = build_cluster(chosen, size=cluster_size, **inputs)
+            argv, actions = main.argv, main.pre_start_actions
+            cluster = {
+                "size": cluster_size,
+                "worker_argv": worker.argv,
+                "worker_pre_start_actions": worker.pre_start_actions,
+            }
     except RuntimeVariantError as unusable:
         raise LaunchError([_variable_problem(str(unusable), chosen, given, defaults)]) from None
     process_env = build_environ(
@@ -369,10 +436,13 @@ def _from_variant(
             "argv": argv,
             "env": _process_env(process_env, None),
             "port": None,
-            "model_name": env.get(BACKEND_MODEL_NAME) or model_name,
+            "model_name": parameters.get("served_model_name")
+            or env.get(BACKEND_MODEL_NAME)
+            or model_name,
             "health_check": _health_check(chosen.health_path, chosen.initial_delay),
-            "pre_start_actions": [],
+            "pre_start_actions": actions,
             **_capacity(chosen.name, argv),
+            **({"cluster": cluster} if cluster else {}),
         },
         mount_destination=mount_destination,
         model_path=model_path,

@@ -222,8 +222,12 @@ class Revision(models.Model):
     {"argv": [...], "env": {...}, "port": int | None, "model_name": str,
      "health_check": {"path", "interval", "max_retries", "max_wait_time",
                       "expected_status_code", "initial_delay"} | None,
-     "pre_start_actions": [{"action": ..., "args": {...}}, ...]}
+     "pre_start_actions": [{"action": ..., "args": {...}}, ...],
+     "capacity": int (when the runtime tells its concurrency),
+     "cluster": {"size", "worker_argv", "worker_pre_start_actions"} (multi-node only)}
     argv, env and action paths use the mount destination; the agent side maps it to the folder.
+    A multi-node spec's argv and actions are the main's, with `${MAIN_HOST}`, `${NODE_RANK}`
+    and `${DIST_PORT}` filled in when the parts start (nodes.runtimes.catalogue).
     """
 
     service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="revisions")
@@ -234,6 +238,12 @@ class Revision(models.Model):
     model_definition_path = models.CharField(max_length=300, blank=True)
     command = models.TextField(blank=True, help_text="A pasted command line (Custom).")
     environ = models.JSONField(default=dict, blank=True)
+    runtime_parameters = models.JSONField(
+        default=dict, blank=True, help_text="vLLM/SGLang launcher parameters by key."
+    )
+    cluster_size = models.PositiveSmallIntegerField(
+        default=1, help_text="Nodes one replica spans: 1 (single node) or a main and workers."
+    )
     resource_group = models.ForeignKey(
         ResourceGroup, on_delete=models.PROTECT, related_name="revisions"
     )

@@ -49,6 +49,8 @@ RESOLVED_FIELDS = (
     "model_definition_path",
     "command",
     "environ",
+    "runtime_parameters",
+    "cluster_size",
 )
 # What a revision is made of; a change to any of them makes a new revision.
 LAUNCH_FIELDS = (*RESOLVED_FIELDS, "resource_group", "preset", "resource_slots")
@@ -87,6 +89,8 @@ class Plan:
     model_definition_path: str
     command: str
     environ: dict[str, str]
+    runtime_parameters: dict[str, str]
+    cluster_size: int
 
 
 def check_service(
@@ -102,6 +106,8 @@ def check_service(
     model_definition_path: str = "",
     command: str = "",
     environ: Mapping[str, str] | None = None,
+    runtime_parameters: Mapping[str, Any] | None = None,
+    cluster_size: int = 1,
     resource_group: ResourceGroup | str | None = DEFAULT_GROUP,
     preset: ResourcePreset | str | None = None,
     resource_slots: Mapping[str, Any] | None = None,
@@ -128,6 +134,8 @@ def check_service(
             model_definition_path=model_definition_path,
             command=command,
             environ=environ,
+            runtime_parameters=runtime_parameters,
+            cluster_size=cluster_size,
         )
     if problems:
         raise ServiceError(problems)
@@ -147,6 +155,9 @@ def check_service(
         model_definition_path=model_definition_path.strip(),
         command=command.strip(),
         environ=dict(environ or {}),
+        # Stored as the launcher checked them: empty values (the server's default) left out.
+        runtime_parameters=_stored_parameters(runtime_parameters),
+        cluster_size=cluster_size,
     )
 
 
@@ -176,6 +187,8 @@ def create_service(**declaration: Any) -> Service:
                 model_definition_path=plan.model_definition_path,
                 command=plan.command,
                 environ=plan.environ,
+                runtime_parameters=plan.runtime_parameters,
+                cluster_size=plan.cluster_size,
                 resource_group=plan.resource_group,
                 preset=plan.preset,
                 resource_slots=plan.resource_slots,
@@ -442,6 +455,8 @@ def _settings_of(revision: Revision) -> dict[str, Any]:
         "model_definition_path": revision.model_definition_path,
         "command": revision.command,
         "environ": dict(revision.environ),
+        "runtime_parameters": dict(revision.runtime_parameters),
+        "cluster_size": revision.cluster_size,
         "resource_group": revision.resource_group,
         "preset": revision.preset,
         "resource_slots": dict(revision.resource_slots),
@@ -468,6 +483,8 @@ def _changed_settings(
             value = _checked_slots(value, problems)
         elif key == "environ":
             value = dict(value or {})
+        elif key == "runtime_parameters":
+            value = _stored_parameters(value)
         elif isinstance(value, str):
             value = value.strip()
         settings[key] = value
@@ -475,6 +492,9 @@ def _changed_settings(
         # What only Custom takes is dropped when the variant changes, unless given again.
         for key in ("command", "model_definition_path"):
             settings[key] = changes.get(key, "")
+    if "runtime_variant" in changes and changes["runtime_variant"] != latest.runtime_variant:
+        # Parameters are one runtime's flags: another runtime starts from its defaults.
+        settings["runtime_parameters"] = _stored_parameters(changes.get("runtime_parameters"))
     # Giving one of Custom's two modes switches to it: the other is dropped unless given too.
     for given, other in (
         ("command", "model_definition_path"),
@@ -483,6 +503,17 @@ def _changed_settings(
         if str(changes.get(given) or "").strip() and other not in changes:
             settings[other] = ""
     return None if len(problems) > before else settings
+
+
+def _stored_parameters(values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return the parameters worth keeping: those with a value (empty means the default)."""
+    if not isinstance(values, Mapping):
+        return {}
+    return {
+        key: value
+        for key, value in values.items()
+        if not (isinstance(value, str) and not value.strip())
+    }
 
 
 def _new_revision(

@@ -178,6 +178,11 @@ def check_launch(form: ServiceLaunchForm, owner: User | None) -> LaunchCheck:
     try:
         plan = services.check_service(owner=owner, **form.declaration())
     except LaunchError as refused:
+        for problem in refused.problems:
+            # Shown next to its field too (a parameter in its tab, the cluster size).
+            name = form.field_of(problem.path) if not problem.file else None
+            if name is not None and name.startswith(("param_", "cluster_size")):
+                form.add_error(name, problem.message)
         return LaunchCheck(problems=list(refused.problems), plan=None)
     return LaunchCheck(problems=[], plan=plan)
 
@@ -221,8 +226,10 @@ def service_new(request: HttpRequest) -> HttpResponse:
 def service_check(request: HttpRequest) -> HttpResponse:
     """Render the launcher's check of the form as it is now: problems, or what would run."""
     require_staff(request, "start services")
-    check = check_launch(ServiceLaunchForm(request.POST), acting_user(request))
-    return render(request, LAUNCH_CHECK, {"check": check})
+    form = ServiceLaunchForm(request.POST)
+    check = check_launch(form, acting_user(request))
+    # The fields' own error slots are updated out of band, beside the check.
+    return render(request, LAUNCH_CHECK, {"check": check, "form": form, "oob": True})
 
 
 @require_POST

@@ -215,6 +215,8 @@ class RevisionSerializer(serializers.ModelSerializer):
             "model_definition_path",
             "command",
             "environ",
+            "runtime_parameters",
+            "cluster_size",
             "resource_group",
             "preset",
             "resource_slots",
@@ -348,6 +350,16 @@ class LaunchFieldsSerializer(serializers.Serializer):
         child=serializers.JSONField(),
         default=dict,
         help_text='Slot amounts over the preset\'s: {"cpu": 2, "mem": "8gb", "cuda.shares": 1}.',
+    )
+    runtime_parameters = serializers.DictField(
+        child=serializers.CharField(allow_blank=True),
+        default=dict,
+        help_text='vLLM/SGLang parameters by key, e.g. {"dtype": "bfloat16", "max_num_seqs": '
+        '"64"}; each becomes the server\'s flag (docs/runtimes.md).',
+    )
+    cluster_size = serializers.IntegerField(
+        default=1,
+        help_text="Nodes one replica spans: 1 (Single Node), or a main and workers (Multi Node).",
     )
 
 

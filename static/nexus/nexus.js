@@ -35,3 +35,38 @@ document.addEventListener("htmx:wsOpen", () => {
   showLiveStatus("open", "Live");
 });
 document.addEventListener("htmx:wsClose", () => showLiveStatus("closed", "Reconnecting…"));
+
+// Tabs (role="tablist"): every panel shows without JavaScript; with it, one at a time.
+function selectTab(tab) {
+  const list = tab.closest("[role=tablist]");
+  for (const other of list.querySelectorAll("[role=tab]")) {
+    const selected = other === tab;
+    other.setAttribute("aria-selected", String(selected));
+    other.tabIndex = selected ? 0 : -1;
+    const panel = document.getElementById(other.getAttribute("aria-controls"));
+    if (panel) panel.hidden = !selected;
+  }
+}
+
+function initTabs(root) {
+  for (const list of root.querySelectorAll("[role=tablist]")) {
+    const chosen = list.querySelector("[role=tab][aria-selected=true]") || list.querySelector("[role=tab]");
+    if (chosen) selectTab(chosen);
+  }
+}
+
+document.addEventListener("click", (event) => {
+  const tab = event.target.closest("[role=tab]");
+  if (tab) selectTab(tab);
+});
+document.addEventListener("keydown", (event) => {
+  const tab = event.target.closest("[role=tab]");
+  if (!tab || !["ArrowLeft", "ArrowRight"].includes(event.key)) return;
+  const tabs = [...tab.closest("[role=tablist]").querySelectorAll("[role=tab]")];
+  const step = event.key === "ArrowRight" ? 1 : -1;
+  const next = tabs[(tabs.indexOf(tab) + step + tabs.length) % tabs.length];
+  selectTab(next);
+  next.focus();
+});
+document.addEventListener("DOMContentLoaded", () => initTabs(document));
+document.addEventListener("htmx:load", (event) => initTabs(event.target));
