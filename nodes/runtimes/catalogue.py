@@ -352,9 +352,12 @@ _RUNTIMES = (
         "llama-cpp",
         "llama.cpp",
         8080,
-        "/health",
+        # llama-cpp-python's server has no /health; /v1/models answers once the model is loaded.
+        "/v1/models",
         {BACKEND_MODEL_NAME: _SERVED_NAME_MEANING + "; passed as --model_alias"},
         _llama_cpp,
+        # A memory-mapped GGUF file loads in seconds.
+        initial_delay=5.0,
         metrics=Metrics("llamacpp:requests_processing", "llamacpp:requests_deferred"),
         # llama-cpp-python's server runs one request at a time (a lock around the model).
         concurrency=Concurrency(None, 1, "llama-cpp-python's server serves one request at once"),

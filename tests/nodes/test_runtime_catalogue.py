@@ -29,7 +29,7 @@ def command(name: str, **env: str) -> list[str]:
         ("sglang", "SGLang", 9001, "/health"),
         ("nim", "NVIDIA NIM", 8000, "/v1/health/ready"),
         ("modular-max", "Modular MAX", 8000, "/health"),
-        ("llama-cpp", "llama.cpp", 8080, "/health"),
+        ("llama-cpp", "llama.cpp", 8080, "/v1/models"),
         ("custom", "Custom", 8000, "/health"),
         ("simulator", "Simulator", 9101, "/health"),
     ],

@@ -183,7 +183,7 @@ VARIANT_CASES = [
             "env": AGENT_PORT,
             "port": None,
             "model_name": "llama",
-            "health_check": health("/health"),
+            "health_check": health("/v1/models", initial_delay=5.0),
             "pre_start_actions": [],
             "capacity": 1,
         },
