@@ -336,3 +336,26 @@ class Route(models.Model):
     @property
     def degraded(self) -> bool:
         return self.state == RouteState.HEALTHY and self.probe_result == ProbeResult.FAILED
+
+
+class RoutePart(models.Model):
+    """A worker of a multi-node replica: its process on another node of the group.
+
+    The route itself is the main (rank 0): its node and process take the health probes and the
+    traffic. If any part's process ends, the whole replica is replaced.
+    """
+
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="parts")
+    rank = models.PositiveSmallIntegerField()
+    node = models.ForeignKey("nodes.Node", on_delete=models.PROTECT, related_name="route_parts")
+    process_id = models.CharField(max_length=64, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["route", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["route", "rank"], name="serving_routepart_rank_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.route} rank {self.rank}"

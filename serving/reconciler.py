@@ -45,6 +45,7 @@ from serving.models import (
     Revision,
     RevisionState,
     Route,
+    RoutePart,
     RouteState,
     Service,
     ServiceLifecycle,
@@ -278,16 +279,27 @@ class _Tick:
     # -- noticing what happened ----------------------------------------------------------
 
     def observe(self) -> None:
-        """Read each node's processes once; settle the routes whose process has ended."""
+        """Read each node's processes once; settle the routes whose process has ended.
+
+        A multi-node replica whose worker has ended fails as a whole, like one whose main has.
+        """
         by_node: dict[int, list[Route]] = defaultdict(list)
+        nodes: dict[int, Node] = {}
         for route in self.routes():
             watched = route.state in WATCHED or route.ended_at is None
             if route.node is not None and route.process_id and watched:
                 by_node[route.node.pk].append(route)
-        for routes in by_node.values():
-            node = routes[0].node
-            assert node is not None
-            records = replicas.node_processes(node)
+                nodes[route.node.pk] = route.node
+        clustered = [r for rs in by_node.values() for r in rs if r.revision.spec.get("cluster")]
+        for part in RoutePart.objects.filter(route__in=clustered).select_related("node"):
+            nodes.setdefault(part.node_id, part.node)
+        seen = {node_id: replicas.node_processes(node) for node_id, node in nodes.items()}
+        for route in clustered:
+            if route.state in LIVE and (ended := replicas.part_ended(route, seen)):
+                # Its main and the other workers may still run: stop_ended stops them.
+                replicas.fail(route, ended)
+        for node_id, routes in by_node.items():
+            records = seen[node_id]
             if records is None:
                 continue  # not answering: nothing learnt; probes take its routes out of traffic
             for route in routes:
@@ -523,11 +535,14 @@ class _Tick:
             nodes = nodes.filter(pk__in=group.nodes.values("pk"))
         by_name = {node.name: node for node in nodes}
         candidates = self.candidates(list(by_name.values()))
-        decision = schedule(len(routes), candidates, replicas.resource_need(revision), group.name)
+        size = int((revision.spec.get("cluster") or {}).get("size") or 1)
+        need = replicas.resource_need(revision)
+        decision = schedule(len(routes), candidates, need, group.name, size=size)
         for route, placement in zip(routes, decision.placements, strict=False):
             node = by_name[placement.node]
+            workers = [(by_name[worker.node], worker.gpus) for worker in placement.workers]
             if replicas.transition(route, [RouteState.PROVISIONING], node=node, status_message=""):
-                replicas.start_route(route, placement.gpus)
+                replicas.start_route(route, placement.gpus, workers)
         for route in routes[len(decision.placements) :]:
             replicas.transition(
                 route, [RouteState.PROVISIONING], status_message=f"waiting: {decision.reason}"

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.utils import timezone
 
 from nodes.client import AgentRefused, AgentUnreachable
 from nodes.models import Node
-from serving.models import Revision, Route, RouteState
+from nodes.runtimes import fill_cluster_placeholders
+from serving.models import Revision, Route, RoutePart, RouteState
 from serving.scheduler import Need
 
 logger = logging.getLogger(__name__)
@@ -116,6 +119,17 @@ def map_mount(text: str, mount: str, real: str) -> str:
     return text
 
 
+def _map_texts(value: Any, change: Callable[[list[str]], list[str]]) -> Any:
+    """Apply `change` to every string in an action's arguments (nested lists and objects too)."""
+    if isinstance(value, str):
+        return change([value])[0]
+    if isinstance(value, list):
+        return [_map_texts(item, change) for item in value]
+    if isinstance(value, dict):
+        return {key: _map_texts(item, change) for key, item in value.items()}
+    return value
+
+
 def _map_values(value: Any, mount: str, real: str) -> Any:
     """Map every string in an action's arguments (nested lists and objects too)."""
     if isinstance(value, str):
@@ -132,23 +146,52 @@ def resource_need(revision: Revision) -> Need:
     return Need.from_slots(revision.resource_slots or {}, port=revision.spec.get("port"))
 
 
-def process_spec(route: Route, gpus: Sequence[int] = ()) -> dict[str, Any]:
-    """Return the agent's process spec (POST /agent/v1/processes) for a route."""
+def main_host(route: Route) -> str:
+    """Return the address a multi-node replica's workers reach its main at: its node's host."""
+    assert route.node is not None
+    return urlsplit(route.node.address).hostname or "127.0.0.1"
+
+
+def process_spec(
+    route: Route, gpus: Sequence[int] = (), *, rank: int = 0, dist_port: int | None = None
+) -> dict[str, Any]:
+    """Return the agent's process spec (POST /agent/v1/processes) for a route.
+
+    `rank` above 0 is a worker of a multi-node replica (the revision's worker command, with the
+    main's rendezvous port `dist_port`); rank 0 is the route's own process, its main.
+    """
     revision = route.revision
     spec = revision.spec
     mount = (revision.mount_destination or DEFAULT_MOUNT).rstrip("/") or "/"
     real = str(revision.model_folder.path)
     need = resource_need(revision)
     health_check = spec.get("health_check") or {}
+    cluster = spec.get("cluster")
+    argv = list(spec["argv"])
+    actions = list(spec.get("pre_start_actions") or [])
+    if cluster and rank > 0:
+        argv = list(cluster["worker_argv"])
+        actions = list(cluster.get("worker_pre_start_actions") or [])
+    if cluster:
+        fill = partial(
+            fill_cluster_placeholders, main_host=main_host(route), rank=rank, dist_port=dist_port
+        )
+        argv = fill(argv)
+        actions = [
+            {**action, "args": _map_texts(action.get("args") or {}, fill)} for action in actions
+        ]
     body: dict[str, Any] = {
-        "argv": [map_mount(item, mount, real) for item in spec["argv"]],
+        "argv": [map_mount(item, mount, real) for item in argv],
         "env": {
             key: map_mount(value, mount, real) for key, value in (spec.get("env") or {}).items()
         },
         "cwd": real,
-        "name": process_name(route),
-        # A process with a model is part of the node's inventory while it runs.
-        "model": {
+        "name": process_name(route) + (f"-w{rank}" if rank else ""),
+        # A process with a model is part of the node's inventory while it runs; a worker serves
+        # nothing of its own.
+        "model": None
+        if rank
+        else {
             "id": spec.get("model_name") or route.service.name,
             "runtime": revision.runtime_variant,
             "digest": None,
@@ -163,7 +206,6 @@ def process_spec(route: Route, gpus: Sequence[int] = ()) -> dict[str, Any]:
     # Without a fixed port the agent allocates one for `${PORT}`; a fixed one is exclusive.
     if spec.get("port") is not None:
         body["port"] = spec["port"]
-    actions = spec.get("pre_start_actions") or []
     if actions:
         body["pre_start_actions"] = [
             {**action, "args": _map_values(action.get("args") or {}, mount, real)}
@@ -175,24 +217,34 @@ def process_spec(route: Route, gpus: Sequence[int] = ()) -> dict[str, Any]:
 # -- start, stop, observe ------------------------------------------------------------------
 
 
-def start_route(route: Route, gpus: Sequence[int] = ()) -> bool:
+# A multi-node replica's worker: its node and the GPUs it reserves there.
+Worker = tuple[Node, Sequence[int]]
+
+
+def _start_or_adopt(node: Node, spec: dict[str, Any]) -> dict[str, Any]:
+    """Return the running process of the spec's name on the node, starting it if there is none
+    (an earlier start may have got through unanswered)."""
+    with node.client() as agent:
+        running = [
+            record
+            for record in agent.processes()
+            if record.get("name") == spec["name"] and record.get("state") == "running"
+        ]
+        return running[0] if running else agent.start_process(spec)
+
+
+def start_route(route: Route, gpus: Sequence[int] = (), workers: Sequence[Worker] = ()) -> bool:
     """Start a placed PROVISIONING route's process on its node; say whether it runs.
 
     A refusal fails the route (FAILED_TO_START, with the agent's reason); an agent that does not
     answer leaves it waiting, to be placed again. A running process of the route's name on the
     node is adopted rather than started twice, in case an earlier start got through unanswered.
+    A multi-node replica's workers start once its main runs, each told the main's address.
     """
     node = route.node
     assert node is not None
-    name = process_name(route)
     try:
-        with node.client() as agent:
-            running = [
-                record
-                for record in agent.processes()
-                if record.get("name") == name and record.get("state") == "running"
-            ]
-            record = running[0] if running else agent.start_process(process_spec(route, gpus))
+        record = _start_or_adopt(node, process_spec(route, gpus))
     except AgentUnreachable as error:
         transition(
             route,
@@ -215,7 +267,49 @@ def start_route(route: Route, gpus: Sequence[int] = ()) -> bool:
         # Retired while it was being started: its process must not outlive it.
         route.process_id = str(record["id"])
         stop_process(route)
-    return started
+        return False
+    if workers and not _start_workers(route, workers, record.get("dist_port")):
+        stop_process(route)
+        return False
+    return True
+
+
+def _start_workers(route: Route, workers: Sequence[Worker], dist_port: int | None) -> bool:
+    """Start a multi-node replica's workers (ranks 1 …); fail the route if one cannot start."""
+    for rank, (node, gpus) in enumerate(workers, start=1):
+        part, _ = RoutePart.objects.get_or_create(route=route, rank=rank, defaults={"node": node})
+        spec = process_spec(route, gpus, rank=rank, dist_port=dist_port)
+        try:
+            record = _start_or_adopt(node, spec)
+        except (AgentUnreachable, AgentRefused) as error:
+            reason = error.reason if isinstance(error, AgentUnreachable) else error.message
+            fail(route, f"worker rank {rank} could not start on node {node.name}: {reason}")
+            return False
+        RoutePart.objects.filter(pk=part.pk).update(
+            node=node, process_id=str(record["id"]), started_at=timezone.now()
+        )
+    return True
+
+
+def part_ended(route: Route, records_by_node: Mapping[int, Mapping[str, Any] | None]) -> str:
+    """Return how a worker of the route ended ("" while all run or cannot be seen).
+
+    `records_by_node` holds each node's processes by id (None: its agent did not answer).
+    """
+    # Every ended part is named: the first to end takes the others with it, and the one that
+    # ended first cannot be told from here.
+    ended = []
+    for part in route.parts.select_related("node").order_by("rank"):
+        records = records_by_node.get(part.node_id)
+        if records is None or not part.process_id:
+            continue
+        record = records.get(part.process_id)
+        where = f"worker rank {part.rank} on node {part.node.name}"
+        if record is None:
+            ended.append(f"{where} is gone")
+        elif record.get("state") != "running":
+            ended.append(f"{where}: {ended_message(record)}")
+    return "; ".join(ended)
 
 
 def fail(
@@ -250,8 +344,9 @@ def fail(
         errors=[*route.errors, error][-MAX_ERRORS:],
         status_message=message,
         not_before=now + timedelta(seconds=backoff_s(route.restart_count)),
-        # Its process is gone (it exited, or never started).
-        ended_at=now,
+        # Its process is gone (it exited, or never started); a multi-node replica's other parts
+        # may still run, so the tick's stop_ended stops them all first.
+        ended_at=None if route.parts.exists() else now,
     )
 
 
@@ -296,31 +391,45 @@ def ended_message(record: Mapping[str, Any]) -> str:
 
 
 def stop_process(route: Route, grace_s: float = STOP_GRACE_S) -> bool:
-    """Stop the route's process (SIGTERM, SIGKILL after `grace_s`); say whether it is gone.
+    """Stop the route's process and its workers' (SIGTERM, SIGKILL after `grace_s`); say
+    whether they are all gone.
 
     A node that cannot be reached and is no longer usable (offline, untrusted) counts as gone:
     nothing more can be done from here, and its status says why.
     """
-    node = route.node
-    if node is None or not route.process_id:
-        return True
+    gone = True
+    notes = []
+    parts = [(route.node, route.process_id)]
+    parts += [(part.node, part.process_id) for part in route.parts.select_related("node")]
+    for node, process_id in parts:
+        if node is None or not process_id:
+            continue
+        stopped, note = _stop(node, process_id, grace_s)
+        gone = gone and stopped
+        if note:
+            notes.append(note)
+    if notes:
+        route.status_message = "; ".join(notes)
+    if not gone:
+        Route.objects.filter(pk=route.pk).update(status_message=route.status_message)
+    return gone
+
+
+def _stop(node: Node, process_id: str, grace_s: float) -> tuple[bool, str]:
+    """Stop one process; return whether it is gone and, if something is left unsaid, why."""
     try:
         with node.client() as agent:
-            agent.stop_process(route.process_id, grace_s=grace_s)
+            agent.stop_process(process_id, grace_s=grace_s)
     except AgentRefused as error:
         if error.status == 404:
-            return True
-        route.status_message = f"cannot stop its process on node {node.name}: {error.message}"
+            return True, ""
+        return False, f"cannot stop its process on node {node.name}: {error.message}"
     except AgentUnreachable as error:
         node.refresh_from_db(fields=["trust", "status"])
         if not node.is_usable:
-            route.status_message = f"{node.unusable_reason()}; its process was not stopped"
-            return True
-        route.status_message = f"cannot stop its process: node {node.name}: {error.reason}"
-    else:
-        return True
-    Route.objects.filter(pk=route.pk).update(status_message=route.status_message)
-    return False
+            return True, f"{node.unusable_reason()}; its process was not stopped"
+        return False, f"cannot stop its process: node {node.name}: {error.reason}"
+    return True, ""
 
 
 def stop_route(route: Route, grace_s: float = STOP_GRACE_S) -> bool:

@@ -102,10 +102,12 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Placement:
-    """One replica's node, and the GPUs it reserves there."""
+    """One replica's node, and the GPUs it reserves there; a multi-node replica's workers
+    (ranks 1 …) are on other nodes, each a placement of its own."""
 
     node: str
     gpus: tuple[int, ...] = ()
+    workers: tuple[Placement, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,27 +118,49 @@ class Schedule:
     reason: str = ""
 
 
-def schedule(replicas: int, candidates: Sequence[Candidate], need: Need, group: str) -> Schedule:
+def schedule(
+    replicas: int, candidates: Sequence[Candidate], need: Need, group: str, size: int = 1
+) -> Schedule:
     """Place `replicas` replicas, each on the node that fits and spreads them best.
 
     Spread: fewest routes of this service first, then most free memory, then the name, so equal
-    nodes are chosen in a stable order. Placed replicas reduce their node's free slots.
+    nodes are chosen in a stable order. Placed replicas reduce their node's free slots. A
+    multi-node replica (`size` above 1) takes `size` distinct nodes that each fit the need,
+    the best one its main, or none at all.
     """
     nodes = [
         Candidate(c.name, dict(c.free), c.routes, frozenset(c.ports_in_use)) for c in candidates
     ]
     placements: list[Placement] = []
     for _ in range(replicas):
-        fitting = [node for node in nodes if node.shortfalls(need) == 0]
-        if not fitting:
+        fitting = sorted(
+            (node for node in nodes if node.shortfalls(need) == 0),
+            key=lambda node: (node.routes, -node.memory_bytes, node.name),
+        )
+        if len(fitting) < size:
             break
-        chosen = min(fitting, key=lambda node: (node.routes, -node.memory_bytes, node.name))
-        gpus = tuple(chosen.gpu_indexes[: need.gpus])
-        _reserve(chosen, need, gpus)
-        placements.append(Placement(chosen.name, gpus))
-    placed_all = len(placements) == replicas
-    return Schedule(
-        placements=tuple(placements), reason="" if placed_all else insufficient(group, need, nodes)
+        parts = []
+        for chosen in fitting[:size]:
+            gpus = tuple(chosen.gpu_indexes[: need.gpus])
+            _reserve(chosen, need, gpus)
+            parts.append(Placement(chosen.name, gpus))
+        main, *workers = parts
+        placements.append(Placement(main.node, main.gpus, tuple(workers)))
+    if len(placements) == replicas:
+        return Schedule(placements=tuple(placements))
+    if size > 1:
+        reason = insufficient_cluster(group, need, size, nodes)
+    else:
+        reason = insufficient(group, need, nodes)
+    return Schedule(placements=tuple(placements), reason=reason)
+
+
+def insufficient_cluster(group: str, need: Need, size: int, nodes: Sequence[Candidate]) -> str:
+    """Return why a multi-node replica does not fit: how many distinct nodes fit its need."""
+    fitting = sum(node.shortfalls(need) == 0 for node in nodes)
+    return (
+        f"insufficient resources in {group}: a replica spans {size} nodes that each have "
+        f"{need.describe()} free; {fitting} of {len(nodes)} usable nodes do"
     )
 
 

@@ -313,6 +313,7 @@ def shown_routes(service: Service) -> QuerySet[Route]:
     return (
         service.routes.exclude(Q(state=RouteState.TERMINATED) & Q(errors=[]))
         .select_related("node", "revision")
+        .prefetch_related("parts__node")
         .order_by("id")
     )
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +45,8 @@ LOGS_DIR = "logs"
 # `<id>/`: the files its write_tempfile actions write. Both go when the process ends.
 PRESTART_DIR = "prestart"
 PORT_PLACEHOLDER = "${PORT}"
+# A second allocated port: where a cluster replica's main meets its workers.
+DIST_PORT_PLACEHOLDER = "${DIST_PORT}"
 # The agent's own interpreter: Python runtimes (the simulator) run with the packages the agent
 # has, whatever `python` on PATH is.
 PYTHON_PLACEHOLDER = "${NEXUS_PYTHON}"
@@ -163,13 +165,17 @@ class ProcessManager:
         port = parsed.port
         if port is not None:
             self._claim(port)
-        elif _mentions_port(parsed):
+        elif _mentions(parsed, PORT_PLACEHOLDER):
             port = self._allocate_port()
-        argv = [_substitute(item, port) for item in parsed.argv]
-        env = {key: _substitute(value, port) for key, value in parsed.env.items()}
+        dist_port = None
+        if _mentions(parsed, DIST_PORT_PLACEHOLDER):
+            dist_port = self._allocate_port(also_held={port})
+        ports = {PORT_PLACEHOLDER: port, DIST_PORT_PLACEHOLDER: dist_port}
+        argv = [_substitute(item, ports) for item in parsed.argv]
+        env = {key: _substitute(value, ports) for key, value in parsed.env.items()}
         child_env = {**_inherited_environment(), **env}
         if actions:
-            actions = [_substitute_action(action, port) for action in actions]
+            actions = [_substitute_action(action, ports) for action in actions]
             _check_executable(argv[0], child_env)
 
         process_id = self._new_id()
@@ -204,6 +210,7 @@ class ProcessManager:
                 "cwd": str(cwd),
                 "pid": popen.pid,
                 "port": port,
+                "dist_port": dist_port,
                 "state": "running",
                 "exit_code": None,
                 "started_at": _now(),
@@ -367,9 +374,12 @@ class ProcessManager:
         if problem is not None:
             raise AgentError(409, "port_in_use", f"port {port} is not free on 127.0.0.1: {problem}")
 
-    def _allocate_port(self) -> int:
+    def _allocate_port(self, also_held: Iterable[int | None] = ()) -> int:
         """Return a free loopback port no running process was given (it may not be bound yet)."""
-        held = {process.record["port"] for process in self._processes.values() if process.running}
+        held = set(also_held)
+        for process in self._processes.values():
+            if process.running:
+                held |= {process.record["port"], process.record.get("dist_port")}
         while True:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.bind(("127.0.0.1", 0))
@@ -656,27 +666,30 @@ def _inherited_environment() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key != CREDENTIAL_ENV}
 
 
-def _mentions_port(spec: _Spec) -> bool:
+def _mentions(spec: _Spec, placeholder: str) -> bool:
     texts = [*spec.argv, *spec.env.values()]
     for action in spec.pre_start_actions:
         for value in action["args"].values():
             texts.extend(value if isinstance(value, list) else [value])
-    return any(isinstance(text, str) and PORT_PLACEHOLDER in text for text in texts)
+    return any(isinstance(text, str) and placeholder in text for text in texts)
 
 
-def _substitute(text: str, port: int | None) -> str:
+def _substitute(text: str, ports: Mapping[str, int | None]) -> str:
     text = text.replace(PYTHON_PLACEHOLDER, sys.executable)
-    return text if port is None else text.replace(PORT_PLACEHOLDER, str(port))
+    for placeholder, port in ports.items():
+        if port is not None:
+            text = text.replace(placeholder, str(port))
+    return text
 
 
-def _substitute_action(action: dict[str, Any], port: int | None) -> dict[str, Any]:
-    """Return the action with `${PORT}` replaced in its string arguments and command."""
+def _substitute_action(action: dict[str, Any], ports: Mapping[str, int | None]) -> dict[str, Any]:
+    """Return the action with the port placeholders replaced in its arguments and command."""
     args: dict[str, Any] = {}
     for name, value in action["args"].items():
         if isinstance(value, list):
-            args[name] = [_substitute(item, port) for item in value]
+            args[name] = [_substitute(item, ports) for item in value]
         elif isinstance(value, str):
-            args[name] = _substitute(value, port)
+            args[name] = _substitute(value, ports)
         else:
             args[name] = value
     return {"action": action["action"], "args": args}

@@ -20,6 +20,7 @@ from serving.models import (
     ResourcePreset,
     Revision,
     Route,
+    RoutePart,
     Service,
     validate_folder_name,
 )
@@ -148,8 +149,22 @@ class ResourcePresetSerializer(serializers.ModelSerializer):
 # Services, revisions and routes
 
 
+class RoutePartSerializer(serializers.ModelSerializer):
+    """A worker of a multi-node replica: its rank, node and process."""
+
+    node = serializers.CharField(source="node.name", read_only=True)
+
+    class Meta:
+        model = RoutePart
+        fields = ["rank", "node", "process_id", "started_at"]
+        read_only_fields = fields
+
+
 class RouteSerializer(serializers.ModelSerializer):
-    """One replica: where it runs, how healthy it is and every error it met."""
+    """One replica: where it runs, how healthy it is and every error it met. A multi-node
+    replica's `node` is its main's; `parts` are its workers."""
+
+    parts = RoutePartSerializer(many=True, read_only=True)
 
     revision = serializers.IntegerField(source="revision.number", read_only=True)
     node = serializers.CharField(source="node.name", read_only=True, allow_null=True)
@@ -171,6 +186,7 @@ class RouteSerializer(serializers.ModelSerializer):
             "id",
             "revision",
             "node",
+            "parts",
             "process_id",
             "port",
             "state",

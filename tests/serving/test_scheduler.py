@@ -155,3 +155,27 @@ def test_it_does_not_change_the_candidates_it_was_given() -> None:
 )
 def test_it_reads_a_revisions_resource_slots(slots: dict[str, Any], need: Need) -> None:
     assert Need.from_slots(slots) == need
+
+
+def test_a_multi_node_replica_takes_distinct_nodes_its_main_the_best() -> None:
+    nodes = [node("a", 4, 8), node("b", 4, 16), node("c", 4, 12), node("d", 4, 4)]
+
+    decision = schedule(2, nodes, Need(cpu=1, memory_bytes=GIB), "gpu", size=3)
+
+    first, second = decision.placements
+    assert (first.node, [worker.node for worker in first.workers]) == ("b", ["c", "a"])
+    # The second replica spreads: the nodes with fewest routes of the service first.
+    assert (second.node, [worker.node for worker in second.workers]) == ("d", ["b", "c"])
+    assert decision.reason == ""
+
+
+def test_a_multi_node_replica_is_placed_whole_or_not_at_all() -> None:
+    nodes = [node("a", 4, 8), node("b", 4, 8), node("c", 0.5, 8)]
+
+    decision = schedule(1, nodes, Need(cpu=1), "default", size=3)
+
+    assert decision.placements == ()
+    assert decision.reason == (
+        "insufficient resources in default: a replica spans 3 nodes that each have "
+        "1 CPU, 0.0 GiB free; 2 of 3 usable nodes do"
+    )

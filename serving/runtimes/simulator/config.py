@@ -49,6 +49,11 @@ class SimulatorConfig:
     slowdown: float = 0.5
     embedding_dim: int = 64
     api_key: str | None = None
+    # Cluster mode (SGLang's flags): rank 0 serves once every other rank joined it over TCP at
+    # dist_init_addr; the others serve no HTTP and leave with it.
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
     faults: Faults = field(default_factory=Faults)
 
 
@@ -163,7 +168,18 @@ def _build_parser() -> argparse.ArgumentParser:
     add("--fail-health", action="store_true", help="/health answers 503")
     add("--refuse-connections", action="store_true", help="do not accept TCP connections")
     add("--slow-start-s", type=float, default=0.0, help="answer 503 for this long after start")
+    add("--nnodes", type=int, default=defaults.nnodes, help="nodes of a cluster replica")
+    add("--node-rank", type=int, default=defaults.node_rank, help="0: the main; else a worker")
+    add("--dist-init-addr", default=None, metavar="HOST:PORT", help="where the main meets workers")
     return parser
+
+
+def split_address(address: str | None) -> tuple[str, int] | None:
+    """Return (host, port) of "HOST:PORT", or None when it is not one."""
+    host, colon, port = (address or "").rpartition(":")
+    if not colon or not host or not port.isdecimal() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SimulatorConfig:
@@ -174,6 +190,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimulatorConfig:
         parser.error("--concurrency, --block-size and --embedding-dim must be at least 1")
     if not 0 <= args.error_rate <= 1:
         parser.error("--error-rate must be between 0 and 1")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        parser.error("--nnodes must be at least 1 and --node-rank from 0 to nnodes - 1")
+    if args.nnodes > 1 and split_address(args.dist_init_addr) is None:
+        parser.error("--nnodes above 1 needs --dist-init-addr HOST:PORT")
     faults = Faults(
         error_rate=args.error_rate,
         error_codes=args.error_codes,

@@ -185,6 +185,8 @@ class Engine:
         self._slowdown_per_running = config.slowdown / config.concurrency
         self._fault_rng = random.Random(config.seed)
         self._slow_until = time.monotonic() + self.faults.slow_start_s
+        # A cluster main waiting for its workers says so here; it serves nothing meanwhile.
+        self.cluster_waiting: str | None = None
         self._load_task: asyncio.Task[None] | None = None
         self._idle_task: asyncio.Task[None] | None = None
 
@@ -248,8 +250,8 @@ class Engine:
                 self.loaded.clear()
 
     def starting_up(self) -> bool:
-        """Return whether the slow-start window is still open."""
-        return time.monotonic() < self._slow_until
+        """Return whether the slow-start window is open or the cluster is not formed yet."""
+        return self.cluster_waiting is not None or time.monotonic() < self._slow_until
 
     def health_problem(self) -> str | None:
         """Return why /health should fail, or None when healthy."""
@@ -257,6 +259,8 @@ class Engine:
             return "unhealthy"
         if self.state is ModelState.LOADING:
             return "loading"
+        if self.cluster_waiting is not None:
+            return self.cluster_waiting
         if self.starting_up():
             return "starting"
         return None

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from .api import SimulatorApi
+from .cluster import ClusterMain, run_worker
 from .config import SimulatorConfig, parse_args
 from .engine import Engine
 
@@ -194,23 +195,47 @@ class SimulatorServer:
         await self.listener.accept()
 
 
-async def serve(config: SimulatorConfig) -> None:
-    """Run a simulator until SIGTERM or SIGINT; SIGUSR1 clears all faults."""
-    server = SimulatorServer(config)
-    await server.start()
-    stopping = asyncio.Event()
+def _stop_on_signals(stopping: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     loop.add_signal_handler(signal.SIGINT, stopping.set)
+
+
+async def serve_worker(config: SimulatorConfig) -> int:
+    """Run a cluster worker (no HTTP) until the main goes or a signal comes; return the code."""
+    stopping = asyncio.Event()
+    _stop_on_signals(stopping)
+    return await run_worker(config, stopping)
+
+
+async def serve(config: SimulatorConfig) -> int:
+    """Run a simulator until SIGTERM or SIGINT; SIGUSR1 clears all faults. Return the exit
+    code: 1 when a cluster worker left (the replica has failed), else 0."""
+    server = SimulatorServer(config)
+    await server.start()
+    cluster = ClusterMain(server.engine, config) if config.nnodes > 1 else None
+    if cluster is not None:
+        await cluster.start()
+    stopping = asyncio.Event()
+    _stop_on_signals(stopping)
+    loop = asyncio.get_running_loop()
     # A refusing simulator cannot be reached over HTTP; a signal still clears its faults.
     loop.add_signal_handler(signal.SIGUSR1, lambda: server.spawn(server.clear_faults()))
     state = "refusing connections" if server.listener.refusing else "listening"
     sys.stdout.write(f"simulator {config.model} {state} on {server.listener.url}\n")
     sys.stdout.flush()
+    waits = {asyncio.ensure_future(stopping.wait())}
+    if cluster is not None:
+        waits.add(asyncio.ensure_future(cluster.failed.wait()))
     try:
-        await stopping.wait()
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        for wait in waits:
+            wait.cancel()
+        if cluster is not None:
+            await cluster.close()
         await server.stop()
+    return 1 if cluster is not None and cluster.failed.is_set() and not stopping.is_set() else 0
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -218,5 +243,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     run = uvloop.run if HAVE_UVLOOP else asyncio.run
+    code = 0
     with contextlib.suppress(KeyboardInterrupt):  # a SIGINT that lands before the handler is set
-        run(serve(config))
+        code = run(serve_worker(config) if config.node_rank > 0 else serve(config))
+    sys.exit(code)
