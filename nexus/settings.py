@@ -25,6 +25,8 @@ SECRET_KEY = env_str("NEXUS_SECRET_KEY", "") or persistent_secret(DATA_DIR / "se
 DEBUG = env_bool("NEXUS_DEBUG", False)
 NEXUS_HOST = env_str("NEXUS_HOST", "127.0.0.1")
 NEXUS_PORT = env_int("NEXUS_PORT", 8000, minimum=1)
+# Where agents reach this controller (to copy model folders onto their nodes).
+NEXUS_CONTROLLER_URL = env_str("NEXUS_CONTROLLER_URL", f"http://{NEXUS_HOST}:{NEXUS_PORT}")
 ALLOWED_HOSTS = env_list("NEXUS_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", NEXUS_HOST])
 CSRF_TRUSTED_ORIGINS = env_list("NEXUS_CSRF_TRUSTED_ORIGINS", [])
 

@@ -244,6 +244,9 @@ class Revision(models.Model):
     cluster_size = models.PositiveSmallIntegerField(
         default=1, help_text="Nodes one replica spans: 1 (single node) or a main and workers."
     )
+    # {"digest", "files": [{"path", "size", "sha256"}]}: the folder's contents when the first
+    # replica was placed, which every replica of this revision runs (serving.folder_sync).
+    folder_manifest = models.JSONField(null=True, blank=True)
     resource_group = models.ForeignKey(
         ResourceGroup, on_delete=models.PROTECT, related_name="revisions"
     )
@@ -325,6 +328,10 @@ class Route(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Where it was placed, kept until it starts: {"gpus", "workers": [{"node", "gpus"}],
+    # "folders": {node name: {"job", "state", "path", "source", "copied_bytes", "bytes_done",
+    # "bytes_total", "percent", "error"}}} (the model folder copied to nodes that lack it).
+    placement = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

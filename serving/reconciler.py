@@ -514,6 +514,10 @@ class _Tick:
         for route in self.routes():
             if route.state != RouteState.PROVISIONING or route.process_id:
                 continue
+            if route.node is not None and replicas.folder_pending(route):
+                # Its model folder is being copied onto a node: follow it, start when there.
+                replicas.launch(route)
+                continue
             if route.node is not None:
                 # Placed but never started (its agent did not answer): choose again.
                 replicas.transition(route, [route.state], node=None)
@@ -541,8 +545,7 @@ class _Tick:
         for route, placement in zip(routes, decision.placements, strict=False):
             node = by_name[placement.node]
             workers = [(by_name[worker.node], worker.gpus) for worker in placement.workers]
-            if replicas.transition(route, [RouteState.PROVISIONING], node=node, status_message=""):
-                replicas.start_route(route, placement.gpus, workers)
+            replicas.place(route, node, placement.gpus, workers)
         for route in routes[len(decision.placements) :]:
             replicas.transition(
                 route, [RouteState.PROVISIONING], status_message=f"waiting: {decision.reason}"

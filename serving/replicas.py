@@ -21,12 +21,15 @@ from django.utils import timezone
 from nodes.client import AgentRefused, AgentUnreachable
 from nodes.models import Node
 from nodes.runtimes import fill_cluster_placeholders
+from serving import folder_sync
+from serving.folders import FolderError
 from serving.models import Revision, Route, RoutePart, RouteState
 from serving.scheduler import Need
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MOUNT = "/models"
+MIB = 1024 * 1024
 # How long a stopped replica may finish its requests after SIGTERM before SIGKILL.
 STOP_GRACE_S = 10.0
 MAX_BACKOFF_S = 60
@@ -153,7 +156,12 @@ def main_host(route: Route) -> str:
 
 
 def process_spec(
-    route: Route, gpus: Sequence[int] = (), *, rank: int = 0, dist_port: int | None = None
+    route: Route,
+    gpus: Sequence[int] = (),
+    *,
+    rank: int = 0,
+    dist_port: int | None = None,
+    folder_path: str | None = None,
 ) -> dict[str, Any]:
     """Return the agent's process spec (POST /agent/v1/processes) for a route.
 
@@ -163,7 +171,7 @@ def process_spec(
     revision = route.revision
     spec = revision.spec
     mount = (revision.mount_destination or DEFAULT_MOUNT).rstrip("/") or "/"
-    real = str(revision.model_folder.path)
+    real = folder_path or str(revision.model_folder.path)
     need = resource_need(revision)
     health_check = spec.get("health_check") or {}
     cluster = spec.get("cluster")
@@ -219,6 +227,116 @@ def process_spec(
 
 # A multi-node replica's worker: its node and the GPUs it reserves there.
 Worker = tuple[Node, Sequence[int]]
+# The job fields a route keeps of each node's copy of its model folder.
+FOLDER_JOB_FIELDS = ("state", "bytes_done", "bytes_total", "percent", "error")
+
+
+def place(route: Route, node: Node, gpus: Sequence[int], workers: Sequence[Worker]) -> bool:
+    """Put a PROVISIONING route on its node (and its workers on theirs), then launch it."""
+    placement = {
+        "gpus": list(gpus),
+        "workers": [
+            {"node": worker.name, "gpus": list(worker_gpus)} for worker, worker_gpus in workers
+        ],
+    }
+    if not transition(
+        route, [RouteState.PROVISIONING], node=node, status_message="", placement=placement
+    ):
+        return False
+    return launch(route)
+
+
+def folder_pending(route: Route) -> bool:
+    """Say whether the route waits for its model folder to be copied onto a node."""
+    copies = (route.placement or {}).get("folders") or {}
+    return any(copy.get("state") == "running" for copy in copies.values())
+
+
+def launch(route: Route) -> bool:
+    """Start a placed route once its model folder is on every node it spans; say whether it
+    started. A node that lacks the folder copies it first (an agent job, followed each tick,
+    its progress in the route's status); one that shares it, or copied it before, is at once.
+    """
+    node = route.node
+    assert node is not None
+    placement = dict(route.placement or {})
+    workers = [
+        (Node.objects.get(name=worker["node"]), tuple(worker.get("gpus") or ()))
+        for worker in placement.get("workers") or ()
+    ]
+    revision = route.revision
+    try:
+        manifest = folder_manifest(revision)
+    except FolderError as missing:
+        fail(route, f"the model folder cannot be sent: {missing}")
+        return False
+    copies = dict(placement.get("folders") or {})
+    paths: dict[str, str] = {}
+    progress = []
+    for target in [node, *(worker for worker, _ in workers)]:
+        copy = dict(copies.get(target.name) or {})
+        if copy.get("state") != "succeeded":
+            try:
+                with target.client() as agent:
+                    if copy.get("job"):
+                        job = agent.job(copy["job"])
+                    else:
+                        spec = folder_sync.job_spec(revision.model_folder, manifest, target.pk)
+                        job = agent.submit_job(spec)
+            except AgentUnreachable as error:
+                message = f"waiting: node {target.name} did not answer: {error.reason}"
+                transition(route, [RouteState.PROVISIONING], status_message=message)
+                return False
+            except AgentRefused as error:
+                fail(route, f"node {target.name} refused the model folder: {error.message}")
+                return False
+            copy = {"job": job["id"], **{key: job.get(key) for key in FOLDER_JOB_FIELDS}}
+            copy.update(job.get("result") or {})
+            copies[target.name] = copy
+        if copy["state"] == "failed":
+            transition(route, [RouteState.PROVISIONING], placement={**placement, "folders": copies})
+            folder = revision.model_folder.name
+            fail(
+                route,
+                f"copying model folder {folder} to node {target.name} failed: {copy['error']}",
+            )
+            return False
+        if copy["state"] == "succeeded":
+            paths[target.name] = copy["path"]
+        else:
+            done = amount(copy.get("bytes_done") or 0, copy.get("bytes_total"))
+            percent = f" ({copy['percent']:g}%)" if copy.get("percent") is not None else ""
+            what = f"copying model folder {revision.model_folder.name} to node {target.name}"
+            progress.append(f"{what}: {done}{percent}")
+    waiting = "; ".join(progress)
+    transition(
+        route,
+        [RouteState.PROVISIONING],
+        placement={**placement, "folders": copies},
+        status_message=waiting,
+    )
+    if waiting:
+        return False
+    return start_route(route, placement.get("gpus") or (), workers, paths)
+
+
+def folder_manifest(revision: Revision) -> dict[str, Any]:
+    """Return the revision's folder manifest, fixing it now if it has none yet."""
+    if revision.folder_manifest is None:
+        made = folder_sync.manifest(revision.model_folder)
+        Revision.objects.filter(pk=revision.pk, folder_manifest__isnull=True).update(
+            folder_manifest=made
+        )
+        revision.refresh_from_db(fields=["folder_manifest"])
+    assert revision.folder_manifest is not None
+    return revision.folder_manifest
+
+
+def amount(done: int, total: int | None) -> str:
+    """Return bytes copied in MiB: "12.0 of 48.0 MiB"."""
+    if total is None:
+        return f"{done / MIB:.1f} MiB"
+    return f"{done / MIB:.1f} of {total / MIB:.1f} MiB"
 
 
 def _start_or_adopt(node: Node, spec: dict[str, Any]) -> dict[str, Any]:
@@ -233,7 +351,12 @@ def _start_or_adopt(node: Node, spec: dict[str, Any]) -> dict[str, Any]:
         return running[0] if running else agent.start_process(spec)
 
 
-def start_route(route: Route, gpus: Sequence[int] = (), workers: Sequence[Worker] = ()) -> bool:
+def start_route(
+    route: Route,
+    gpus: Sequence[int] = (),
+    workers: Sequence[Worker] = (),
+    paths: Mapping[str, str] | None = None,
+) -> bool:
     """Start a placed PROVISIONING route's process on its node; say whether it runs.
 
     A refusal fails the route (FAILED_TO_START, with the agent's reason); an agent that does not
@@ -243,8 +366,9 @@ def start_route(route: Route, gpus: Sequence[int] = (), workers: Sequence[Worker
     """
     node = route.node
     assert node is not None
+    paths = paths or {}
     try:
-        record = _start_or_adopt(node, process_spec(route, gpus))
+        record = _start_or_adopt(node, process_spec(route, gpus, folder_path=paths.get(node.name)))
     except AgentUnreachable as error:
         transition(
             route,
@@ -268,17 +392,21 @@ def start_route(route: Route, gpus: Sequence[int] = (), workers: Sequence[Worker
         route.process_id = str(record["id"])
         stop_process(route)
         return False
-    if workers and not _start_workers(route, workers, record.get("dist_port")):
+    if workers and not _start_workers(route, workers, record.get("dist_port"), paths):
         stop_process(route)
         return False
     return True
 
 
-def _start_workers(route: Route, workers: Sequence[Worker], dist_port: int | None) -> bool:
+def _start_workers(
+    route: Route, workers: Sequence[Worker], dist_port: int | None, paths: Mapping[str, str]
+) -> bool:
     """Start a multi-node replica's workers (ranks 1 …); fail the route if one cannot start."""
     for rank, (node, gpus) in enumerate(workers, start=1):
         part, _ = RoutePart.objects.get_or_create(route=route, rank=rank, defaults={"node": node})
-        spec = process_spec(route, gpus, rank=rank, dist_port=dist_port)
+        spec = process_spec(
+            route, gpus, rank=rank, dist_port=dist_port, folder_path=paths.get(node.name)
+        )
         try:
             record = _start_or_adopt(node, spec)
         except (AgentUnreachable, AgentRefused) as error:

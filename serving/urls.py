@@ -14,6 +14,8 @@ urlpatterns = [
     path("models/<str:name>/delete/", views.model_folder_delete, name="model_folder_delete"),
     path("models/<str:name>/delete-file/", views.model_file_delete, name="model_file_delete"),
     path("models/<str:name>/files/<path:path>", views.model_file, name="model_file"),
+    # Agents fetch model folders here with a signed token (serving.folder_sync); no session.
+    path("folder-sync/<str:token>/<path:path>", views.folder_sync_file, name="folder_sync_file"),
     path("services/", views.service_list, name="service_list"),
     # Before <slug:name>: "new", "check" and "fields" are never service pages.
     path("services/new/", views.service_new, name="service_new"),

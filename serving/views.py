@@ -9,7 +9,14 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import filesizeformat
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
@@ -17,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
-from serving import folders, services, tokens
+from serving import folder_sync, folders, services, tokens
 from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm
 from serving.launch import LaunchError, LaunchProblem
 from serving.models import ModelFolder, Service, ServiceLifecycle
@@ -158,6 +165,40 @@ def model_folder_delete(request: HttpRequest, name: str) -> HttpResponse:
         return redirect("serving:model_folder_list")
     context = {"section": SECTION, "folder": folder, **files_context(folder)}
     return render(request, "serving/model_folder_delete.html", context)
+
+
+@require_GET
+def folder_sync_file(request: HttpRequest, token: str, path: str) -> HttpResponseBase:
+    """Send one file of a model folder to the agent the token was issued for, from a byte on
+    when asked (Range), so a broken copy resumes."""
+    grant = folder_sync.grant_of(token)
+    if grant is None:
+        return JsonResponse({"detail": "The folder link is invalid or expired."}, status=403)
+    folder = ModelFolder.objects.filter(pk=grant.folder_id).first()
+    if folder is None:
+        return JsonResponse({"detail": "No such model folder."}, status=404)
+    try:
+        file = folders.existing_file(folder, path)
+    except folders.FolderError as refused:
+        return JsonResponse({"detail": str(refused)}, status=404)
+    size = folder_sync.file_size(file)
+    try:
+        wanted = folder_sync.byte_range(request.headers.get("Range"), size)
+    except ValueError:
+        response = JsonResponse({"detail": "Range not satisfiable."}, status=416)
+        response["Content-Range"] = f"bytes */{size}"
+        return response
+    start, end = wanted or (0, size - 1)
+    response = StreamingHttpResponse(
+        folder_sync.read_range(file, start, end) if size else iter(()),
+        status=206 if wanted else 200,
+        content_type="application/octet-stream",
+    )
+    response["Content-Length"] = str(max(end - start + 1, 0))
+    response["Accept-Ranges"] = "bytes"
+    if wanted:
+        response["Content-Range"] = f"bytes {start}-{end}/{size}"
+    return response
 
 
 # Services

@@ -16,7 +16,7 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from nodes.agent import runtimes
+from nodes.agent import folders, runtimes
 from nodes.agent.download import (
     HF_REPO,
     SOURCES,
@@ -221,13 +221,15 @@ class _Job:
         self._saved_at = 0.0
 
     @classmethod
-    def create(cls, jobs_dir: Path, job_id: str) -> _Job:
+    def create(
+        cls, jobs_dir: Path, job_id: str, kind: str = "deploy", phase: str = "installing"
+    ) -> _Job:
         now = _now()
         data = {
             "id": job_id,
-            "kind": "deploy",
+            "kind": kind,
             "state": "running",
-            "phase": "installing",
+            "phase": phase,
             "bytes_done": 0,
             "bytes_total": None,
             "percent": None,
@@ -332,6 +334,7 @@ class JobRunner:
             if resolved not in self._allowed_dirs:
                 self._allowed_dirs.append(resolved)
         self._jobs: dict[str, _Job] = {}
+        self._folder_cache = folders.FolderCache(self._data_dir, self._allowed_dirs)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         # Two jobs must not pip into one environment, or write one download, at the same time.
         self._locks: collections.defaultdict[Path, asyncio.Lock] = collections.defaultdict(
@@ -359,23 +362,77 @@ class JobRunner:
             if job.running and job.id not in self._tasks:
                 job.fail(RESTARTED)
 
-    async def submit(self, spec: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate a deploy spec, start its job and return the job; nothing is kept if refused."""
-        request = parse_deploy(spec, self._allowed_dirs)
+    def _new_id(self) -> str:
         job_id = "job-" + secrets.token_hex(6)
         while job_id in self._jobs:
             job_id = "job-" + secrets.token_hex(6)
-        job = _Job.create(self._jobs_dir, job_id)
+        return job_id
+
+    def _start_task(self, job: _Job, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"nexus-agent-{job.id}")
+        self._tasks[job.id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(job.id, None))
+
+    async def submit(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate a job spec, start its job and return the job; nothing is kept if refused."""
+        if isinstance(spec, Mapping) and spec.get("kind") == folders.KIND:
+            return self._submit_sync(folders.parse_folder_sync(spec))
+        request = parse_deploy(spec, self._allowed_dirs)
+        job = _Job.create(self._jobs_dir, self._new_id())
+        job_id = job.id
         job.log(
             f"deploy {request.model.name} ({request.model.source} {request.model.location}) "
             f"on {request.runtime.name}"
         )
         job.save()
         self._jobs[job_id] = job
-        task = asyncio.create_task(self._run(job, request), name=f"nexus-agent-{job_id}")
-        self._tasks[job_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(job_id, None))
+        self._start_task(job, self._run(job, request))
         return job.as_dict()
+
+    def _submit_sync(self, spec: folders.FolderSpec) -> dict[str, Any]:
+        """Start a sync-folder job; one the node can answer at once (the folder is shared, or
+        cached) is returned already succeeded."""
+        job = _Job.create(self._jobs_dir, self._new_id(), folders.KIND, "downloading")
+        job.log(f"sync folder {spec.name} ({spec.digest}, {len(spec.files)} files)")
+        self._jobs[job.id] = job
+        found = self._folder_cache.shared(spec)
+        source = "shared"
+        if found is None:
+            found, source = self._folder_cache.cached(spec), "cache"
+        if found is not None:
+            self._folder_ready(job, spec, found, source, 0)
+        else:
+            job.save()
+            self._start_task(job, self._sync(job, spec))
+        return job.as_dict()
+
+    def _folder_ready(
+        self, job: _Job, spec: folders.FolderSpec, path: Path, source: str, copied: int
+    ) -> None:
+        total = spec.total_bytes
+        job.data["result"] = {"path": str(path), "source": source, "copied_bytes": copied}
+        job.data.update(bytes_done=total, bytes_total=total, percent=100.0)
+        verb = {"shared": "is shared at", "cache": "is cached at", "download": "was copied to"}
+        job.succeed(f"folder {spec.name} {verb[source]} {path}")
+
+    async def _sync(self, job: _Job, spec: folders.FolderSpec) -> None:
+        """Copy a folder onto the node; one digest is copied by one job at a time."""
+        try:
+            async with self._locks[Path(spec.digest)]:
+                cached = self._folder_cache.cached(spec)
+                if cached is not None:
+                    self._folder_ready(job, spec, cached, "cache", 0)
+                    return
+                path, copied = await self._folder_cache.fetch(spec, job)
+            self._folder_ready(job, spec, path, "download", copied)
+        except folders.SyncError as error:
+            job.fail(str(error))
+        except asyncio.CancelledError:
+            job.fail(STOPPED)
+            raise
+        except Exception as error:
+            logger.exception("job %s failed unexpectedly", job.id)
+            job.fail(f"unexpected error: {error!r}")
 
     def get(self, job_id: str) -> dict[str, Any]:
         """Return one job."""
