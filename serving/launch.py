@@ -403,19 +403,27 @@ def _from_variant(
     env = {**defaults.environ, **given}
     warnings: list[str] = []
     model_path = _variant_model_path(chosen, model_folder, mount_destination, warnings)
-    inputs = {
-        "model_path": model_path,
-        "model_name": model_name,
-        "port": PORT_PLACEHOLDER,
-        "env": env,
-        "parameters": parameters,
-    }
     actions: list[dict[str, Any]] = []
     cluster: dict[str, Any] | None = None
     try:
-        argv = build_command(chosen, **inputs)
+        argv = build_command(
+            chosen,
+            model_path=model_path,
+            model_name=model_name,
+            port=PORT_PLACEHOLDER,
+            env=env,
+            parameters=parameters,
+        )
         if cluster_size > 1:
-            main, worker = build_cluster(chosen, size=cluster_size, **inputs)
+            main, worker = build_cluster(
+                chosen,
+                size=cluster_size,
+                model_path=model_path,
+                model_name=model_name,
+                port=PORT_PLACEHOLDER,
+                env=env,
+                parameters=parameters,
+            )
             argv, actions = main.argv, main.pre_start_actions
             cluster = {
                 "size": cluster_size,

@@ -179,15 +179,15 @@ def folder_sync_file(request: HttpRequest, token: str, path: str) -> HttpRespons
         return JsonResponse({"detail": "No such model folder."}, status=404)
     try:
         file = folders.existing_file(folder, path)
-    except folders.FolderError as refused:
-        return JsonResponse({"detail": str(refused)}, status=404)
+    except folders.FolderError as missing:
+        return JsonResponse({"detail": str(missing)}, status=404)
     size = folder_sync.file_size(file)
     try:
         wanted = folder_sync.byte_range(request.headers.get("Range"), size)
     except ValueError:
-        response = JsonResponse({"detail": "Range not satisfiable."}, status=416)
-        response["Content-Range"] = f"bytes */{size}"
-        return response
+        unsatisfiable = JsonResponse({"detail": "Range not satisfiable."}, status=416)
+        unsatisfiable["Content-Range"] = f"bytes */{size}"
+        return unsatisfiable
     start, end = wanted or (0, size - 1)
     response = StreamingHttpResponse(
         folder_sync.read_range(file, start, end) if size else iter(()),
