@@ -162,6 +162,8 @@ def launcher_environment(
         NEXUS_AGENT_PORT=str(agent_port),
         # The local node's inventory shows a runtime started during the test within seconds.
         NEXUS_NODE_REFRESH_S="1",
+        # The real model has tests of its own (tests/system/test_real_model.py).
+        NEXUS_DEMO_REAL_MODEL="false",
         # The bundled Redis is the launcher's own; a shared REDIS_URL (CI) needs our own keys.
         NEXUS_REDIS_PREFIX=f"nexus-system-{uuid.uuid4().hex[:8]}",
         PYTHONUNBUFFERED="1",

@@ -23,7 +23,7 @@ from django.db.models import Q
 
 from nexus import embedded_redis, services
 from nexus.celery import app as celery_app
-from nexus.env import bundled_redis_socket, env_list
+from nexus.env import bundled_redis_socket, env_bool, env_list
 from nexus.launcher import (
     FIRST_WAVE,
     Child,
@@ -42,6 +42,7 @@ from nodes.client import AgentClient, AgentClientError
 from nodes.models import Node, NodeTrust
 from pools.models import POOL_MODEL_PREFIX
 from pools.services import DEMO_ENGINES, DEMO_MODEL, DEMO_POOL_SLUG, ensure_demo_pool
+from serving.demo import seed_real_model
 from serving.models import models_root
 
 ADMIN_USERNAME = "admin"
@@ -58,6 +59,9 @@ class FirstRun:
 
     admin_password: str | None = None
     demo_token: str | None = None
+    # The demo's real model (serving.demo): its service token, or why there is none.
+    real_model_token: str | None = None
+    real_model: str = ""
 
 
 @dataclass(frozen=True)
@@ -258,7 +262,16 @@ def seed_first_run(ports: list[int]) -> FirstRun:
     if not created:
         return FirstRun(admin_password=password)
     _, token = ApiToken.issue("demo", pools=[DEMO_POOL_SLUG], created_by=admin)
-    return FirstRun(admin_password=password, demo_token=token)
+    if not env_bool("NEXUS_DEMO_REAL_MODEL", True):
+        return FirstRun(admin_password=password, demo_token=token, real_model="not offered")
+    seeded = seed_real_model(admin)
+    if isinstance(seeded, str):
+        return FirstRun(admin_password=password, demo_token=token, real_model=seeded)
+    service, secret = seeded
+    described = f"{POOL_MODEL_PREFIX}{service.name}: SmolLM2-135M on llama.cpp, 1 replica"
+    return FirstRun(
+        admin_password=password, demo_token=token, real_model=described, real_model_token=secret
+    )
 
 
 def start_processes(
@@ -413,6 +426,11 @@ def banner(first_run: FirstRun, ports: list[int], local_node: str) -> str:
     else:
         token = f"make one: {python} manage.py nexus_token create --name me"
         export = "export NEXUS_TOKEN=<your token>"
+    real_model = ""
+    if first_run.real_model:
+        real_model = f"  Real model    {first_run.real_model}\n"
+    if first_run.real_model_token:
+        real_model += f"                its token {first_run.real_model_token}  {once}\n"
     rule = "-" * 78
     return f"""
 {rule}
@@ -421,7 +439,7 @@ def banner(first_run: FirstRun, ports: list[int], local_node: str) -> str:
   Sign in       {login}
   Client token  {token}
   Demo pool     {model}: simulated {DEMO_MODEL} engines {engines}
-  Local node    {local_node}
+{real_model}  Local node    {local_node}
   Health        {url}/healthz
   Logs          {settings.DATA_DIR / "logs"}/
 
