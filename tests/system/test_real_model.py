@@ -1,7 +1,8 @@
 """A real model end to end (issue 19, done-when 2): the llama.cpp runtime serving SmolLM2-135M
 with two replicas on a real agent, placed and started by the real reconciler under a real Celery
 beat, answering chats through a real daphne's `@pool/<service>` and `/serve/<service>/` to the
-official `openai` SDK, streamed and not.
+official `openai` SDK, streamed and not; and a pool mixing the llama.cpp model with a simulator
+in Equivalent generation mode balances between them.
 
 Marked `llama`: `make test` (and so CI) runs it; `-m "not llama"` leaves it out locally.
 """
@@ -22,17 +23,18 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from openai import OpenAI
+from openai import APIStatusError, OpenAI
 from rest_framework.test import APIClient
 
 from nexus.models import ApiToken
-from nodes.models import Node
+from nodes.models import Node, NodeModel
+from nodes.services import refresh_node
 from pools.models import Pool
 from serving import folders
 from serving.models import ModelFolder, Route, RouteState, Service, models_root
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
-from tests.support.agent import RunningAgent, running_agent
+from tests.support.agent import RunningAgent, running_agent, start_managed_simulator
 from tests.support.live import LiveServer, running_nexus, wait_until
 from tests.support.real_model import require_real_model
 from tests.support.worker import RunningWorker, running_worker
@@ -141,6 +143,7 @@ def _remove_rows(blocker: Any, user_id: int, folder_name: str) -> None:
     with blocker.unblock():
         Service.objects.filter(name=SERVICE).delete()
         Pool.objects.filter(slug__in=[SERVICE, "mixed-smol"]).delete()
+        ApiToken.objects.filter(name="mixed client").delete()
         Node.objects.filter(name=NODE).delete()
         for folder in ModelFolder.objects.filter(name=folder_name):
             folders.delete_folder(folder)
@@ -199,3 +202,64 @@ def test_the_model_answers_through_serve_streamed_and_not(stack: Stack) -> None:
     assert (completion.choices[0].message.content or "").strip(), completion
     assert streamed.strip(), finishes
     assert completion.usage is not None and completion.usage.completion_tokens > 0
+
+
+def test_a_pool_mixing_llama_cpp_and_the_simulator_balances_between_them(stack: Stack) -> None:
+    # Given the llama.cpp replicas' model and a simulator on the same node, both in its inventory
+    start_managed_simulator(stack.agent, "sim-smol", "--ttft-ms", "0", "--tpot-ms", "1")
+    node = Node.objects.get(name=NODE)
+
+    def inventory() -> set[str]:
+        refresh_node(node)
+        return set(NodeModel.objects.filter(node=node).values_list("model_id", flat=True))
+
+    wait_until(lambda: {"smollm2", "sim-smol"} <= inventory(), timeout_s=20)
+    # And a pool of Equivalent generation over both: different models, answers alike in kind
+    # (the token first: the pool's configuration change brings both to the gateway)
+    _, secret = ApiToken.issue("mixed client", pools=["mixed-smol"])
+    created = stack.owner.post(
+        "/api/v1/pools/",
+        {
+            "slug": "mixed-smol",
+            "name": "mixed-smol",
+            "compatibility_mode": "equivalent_generation",
+            "strategy": "round_robin",
+        },
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    for name, model in (("llama", "smollm2"), ("sim", "sim-smol")):
+        target = stack.owner.post(
+            "/api/v1/targets/",
+            {"pool": "mixed-smol", "name": name, "node": NODE, "model_id": model,
+             "capacity_weight": 1},
+            format="json",
+        )  # fmt: skip
+        assert target.status_code == 201, target.content
+    client = OpenAI(base_url=f"{stack.nexus.url}/v1", api_key=secret, max_retries=0, timeout=60)
+
+    def ask() -> tuple[str, str]:
+        raw = client.chat.completions.with_raw_response.create(
+            model="@pool/mixed-smol", messages=QUESTION, max_tokens=8
+        )
+        return raw.headers["x-nexus-target"], raw.parse().choices[0].message.content or ""
+
+    # The gateway reads the new pool with its next snapshot (about a second).
+    wait_until(lambda: _answers(ask), timeout_s=10)
+
+    # When chats go to the pool
+    answers = [ask() for _ in range(6)]
+
+    # Then both kinds of engine answered, each with text
+    assert {target for target, _ in answers} == {"llama", "sim"}
+    assert all(text.strip() for _, text in answers), answers
+
+
+def _answers(ask: Any) -> bool:
+    try:
+        ask()
+    except APIStatusError as error:
+        # Until the gateway's next snapshot has the pool and the token.
+        assert error.status_code in (401, 404, 503), error
+        return False
+    return True
