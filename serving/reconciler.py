@@ -146,7 +146,7 @@ def sweep_node(node: Node) -> int:
         reason = replicas.orphan_reason(route, name, node, process_id)
         if reason and _stop_orphan(node, process_id, name, reason):
             stopped += 1
-            if route is not None and replicas.process_name(route) == name:
+            if route is not None and replicas.names_route(name, route):
                 message = f"orphan process {process_id} stopped on node {node.name}: {reason}"
                 replicas.record_error(route, message)
     return stopped

@@ -38,8 +38,10 @@ MAX_ERRORS = 50
 ENDED = (RouteState.UNHEALTHY, RouteState.FAILED_TO_START)
 # Exactly what `process_name` makes: a slug, then "-r<revision>-<route id>" without leading zeros.
 # The slug part is greedy, so a service named "a-r1-2" still parses ("a-r1-2-r3-4").
+# A multi-node replica's workers add "-w<rank>".
 PROCESS_NAME_RE = re.compile(
     r"(?P<service>[-a-zA-Z0-9_]+)-r(?P<revision>[1-9][0-9]*)-(?P<route>[1-9][0-9]*)"
+    r"(?:-w(?P<rank>[1-9][0-9]*))?"
 )
 
 
@@ -51,6 +53,18 @@ def backoff_s(restart_count: int) -> int:
 def process_name(route: Route) -> str:
     """Return the name of a route's process on its node, e.g. "chat-r3-17"."""
     return f"{route.service.name}-r{route.revision.number}-{route.pk}"
+
+
+def worker_rank(name: str) -> int:
+    """Return the rank of a multi-node replica's worker process by its name; 0 for a main."""
+    match = PROCESS_NAME_RE.fullmatch(name)
+    return int(match["rank"]) if match and match["rank"] else 0
+
+
+def names_route(name: str, route: Route) -> bool:
+    """Say whether a process name is the route's own, or one of its workers'."""
+    rank = worker_rank(name)
+    return name == process_name(route) + (f"-w{rank}" if rank else "")
 
 
 def route_id_of(name: str) -> int | None:
@@ -67,8 +81,11 @@ def orphan_reason(route: Route | None, name: str, node: Node, process_id: str) -
     is being started there (no process id yet: `start_route` adopts a process of its name) or
     ended but not yet stopped (the tick's `stop_ended` stops it).
     """
-    if route is None or process_name(route) != name:
+    if route is None or not names_route(name, route):
         return "its route does not exist"
+    rank = worker_rank(name)
+    if rank:
+        return _worker_orphan_reason(route, rank, node, process_id)
     if route.state == RouteState.TERMINATED:
         return f"route {route.pk} is terminated"
     if route.state in ENDED:
@@ -80,6 +97,24 @@ def orphan_reason(route: Route | None, name: str, node: Node, process_id: str) -
         return f"route {route.pk} is placed on {where}"
     if route.process_id and route.process_id != process_id:
         return f"route {route.pk} runs process {route.process_id}"
+    return ""
+
+
+def _worker_orphan_reason(route: Route, rank: int, node: Node, process_id: str) -> str:
+    """Return why a worker process of a multi-node replica is an orphan; "" if it is not."""
+    if route.state == RouteState.TERMINATED:
+        return f"route {route.pk} is terminated"
+    if route.state in ENDED and route.ended_at is not None:
+        return f"route {route.pk} has ended ({route.get_state_display().lower()})"
+    part = route.parts.filter(rank=rank).first()
+    if part is None:
+        # Being started: the route's own process runs first, then its workers get their rows.
+        starting = route.state == RouteState.PROVISIONING
+        return "" if starting else f"route {route.pk} has no worker {rank}"
+    if part.node_id != node.pk:
+        return f"route {route.pk}'s worker {rank} is on another node"
+    if part.process_id and part.process_id != process_id:
+        return f"route {route.pk}'s worker {rank} runs process {part.process_id}"
     return ""
 
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from nexus.services import redis_client
 from nodes.models import Node, NodeStatus
 from serving import reconciler, replicas
-from serving.models import ModelFolder, Route, RouteState, Service
+from serving.models import ModelFolder, Route, RoutePart, RouteState, Service
 from serving.tasks import reconcile as reconcile_task
 from tests.nodes.fleet import trusted_node
 from tests.serving.fleet import make_service, model_folder, models_agent, routes, run_until
@@ -100,6 +100,8 @@ def with_process(route: Route, agent: RunningAgent, folder: ModelFolder) -> str:
     ("name", "route_id"),
     [
         ("chat-r3-17", 17),
+        ("chat-r3-17-w2", 17),  # a multi-node replica's worker
+        ("chat-r3-17-w02", None),
         ("my_chat-2-r1-5", 5),
         ("a-r1-2-r3-4", 4),  # a service may be named like a replica; the tail decides
         ("chat-r03-17", None),  # never made: no leading zeros
@@ -114,6 +116,25 @@ def with_process(route: Route, agent: RunningAgent, folder: ModelFolder) -> str:
 )
 def test_only_names_the_reconciler_makes_are_replica_names(name: str, route_id: int | None) -> None:
     assert replicas.route_id_of(name) == route_id
+
+
+def test_a_multi_node_replicas_workers_are_kept_with_it_and_swept_once_it_ended(
+    db: None, tmp_path: Path, stack: ExitStack, folder: ModelFolder
+) -> None:
+    agent, node_a = node(stack, tmp_path, "node-a")
+    service = make_service(folder)
+    live = route_on(service, node_a, RouteState.HEALTHY)
+    main = with_process(live, agent, folder)
+    worker = start(agent, f"{replicas.process_name(live)}-w1", folder)
+    RoutePart.objects.create(route=live, rank=1, node=node_a, process_id=worker)
+    stray = start(agent, f"{replicas.process_name(live)}-w2", folder)
+
+    assert reconciler.sweep_orphans() == 1
+    assert [states(agent)[p] for p in (main, worker, stray)] == ["running", "running", "stopped"]
+    live.refresh_from_db()
+    assert live.errors[-1]["message"] == (
+        f"orphan process {stray} stopped on node node-a: route {live.pk} has no worker 2"
+    )
 
 
 def test_the_process_of_a_terminated_route_is_stopped_and_the_route_says_so(

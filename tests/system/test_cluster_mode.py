@@ -49,6 +49,7 @@ class Cluster:
     worker: RunningWorker
     agents: dict[str, RunningAgent]
     token: str
+    owner: APIClient
 
     def why(self) -> str:
         lines = []
@@ -147,7 +148,7 @@ def cluster(committed_db, django_db_blocker, tmp_path_factory) -> Iterator[Clust
                 format="json",
             )
             assert token.status_code == 201, token.content
-            world = Cluster(nexus, worker, agents, token.json()["token"])
+            world = Cluster(nexus, worker, agents, token.json()["token"], owner)
             wait_until(world.ready_route, timeout_s=READY_TIMEOUT_S, what=world.why)
         yield world
 
@@ -182,6 +183,15 @@ def test_a_killed_worker_replaces_the_whole_replica_and_traffic_returns(cluster:
     assert [w["argv"][-1] for w in workers] == [f"127.0.0.1:{main['dist_port']}"] * 2
     assert [w["argv"][w["argv"].index("--node-rank") + 1] for w in workers] == ["1", "2"]
     assert cluster.chat(REQUESTS) == []
+    # The service page and the API show the parts
+    page = cluster.owner.get(f"/serving/services/{SERVICE}/").content.decode()
+    for part in parts:
+        assert f'worker {part.rank}: <a href="/nodes/{part.node.name}/">' in page, page
+    [shown] = [r for r in cluster.owner.get(f"/api/v1/services/{SERVICE}/").json()["routes"]
+               if r["id"] == first.pk]  # fmt: skip
+    assert [(p["rank"], p["node"]) for p in shown["parts"]] == [
+        (part.rank, part.node.name) for part in parts
+    ]
 
     # When worker rank 2 is killed
     killed_at = time.time()
