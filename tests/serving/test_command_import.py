@@ -135,7 +135,8 @@ def test_the_runtime_model_path_and_served_name_are_recognised(
         ("python3 -m sglang.launch_server --model-path /m", "/health"),
         ("/opt/nim/start_server.sh", "/v1/health/ready"),
         ("max serve --model-path /m", "/health"),
-        ("llama-server -m /m", "/health"),
+        # llama.cpp answers /v1/models whichever server it is (llama-cpp-python has no /health).
+        ("llama-server -m /m", "/v1/models"),
         ("./custom-server", "/health"),
     ],
 )
