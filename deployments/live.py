@@ -1,52 +1,48 @@
-"""The one typed gateway from deployment progress to the deployment pages' channel layer groups."""
+"""What deployment progress pushes to the open deployment pages (nexus.live has the pattern)."""
 
 from __future__ import annotations
 
-import logging
-from typing import Literal, TypedDict
-
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from django.template.loader import render_to_string
+from collections.abc import Callable
 
 from deployments.models import Deployment, DeploymentNode
-
-logger = logging.getLogger(__name__)
+from nexus import live
 
 # The detail page's partials that a push swaps in by their ids (templates/deployments/).
-NODE_ROW = "deployments/deployment_detail.html#node-row"
+NODE_TABLE = "deployments/deployment_detail.html#node-table"
 SUMMARY = "deployments/deployment_detail.html#deployment-summary"
 
 
-class NodeChanged(TypedDict):
-    """A node row and the deployment's summary, re-rendered for the page to swap in by id."""
-
-    type: Literal["deployment.node_changed"]
-    html: str
-
-
-def group_name(deployment_id: int) -> str:
-    """Return the channel layer group of one deployment's open pages."""
+def topic(deployment_id: int) -> str:
+    """Return the live topic of one deployment's open pages."""
     return f"deployment-{deployment_id}"
 
 
-def send(group: str, message: NodeChanged) -> None:
-    """Send a message to a group; a missing channel layer must not fail the caller's work."""
-    try:
-        layer = get_channel_layer()
-        if layer is not None:  # None only without CHANNEL_LAYERS, which settings always set
-            async_to_sync(layer.group_send)(group, dict(message))
-    except Exception:
-        logger.warning("could not send %s to group %s", message["type"], group, exc_info=True)
+def with_nodes(deployment_id: int) -> Deployment | None:
+    """Return the deployment with its node rows and their nodes, or None when it is gone."""
+    return Deployment.objects.prefetch_related("nodes__node").filter(pk=deployment_id).first()
+
+
+def summary(deployment: Deployment, audience: live.Audience) -> str:
+    """Return the deployment's summary (state, and the retry button for those who may retry)."""
+    context = {"deployment": deployment, "can_manage": audience == "manage"}
+    return live.fragment(SUMMARY, context)
+
+
+def current(deployment_id: int, audience: live.Audience) -> str:
+    """Return the nodes table and the summary as they are now, rendered for a push."""
+    deployment = with_nodes(deployment_id)
+    return renderer(deployment)(audience) if deployment is not None else ""
 
 
 def node_changed(row_id: int) -> None:
-    """Push a node row as it is now, with its deployment's summary, to the deployment's pages."""
-    row = DeploymentNode.objects.select_related("node").filter(pk=row_id).first()
-    if row is None:
-        return
-    deployment = Deployment.objects.prefetch_related("nodes").get(pk=row.deployment_id)
-    html = render_to_string(NODE_ROW, {"row": row, "oob": True}) + render_to_string(
-        SUMMARY, {"deployment": deployment, "oob": True}
-    )
-    send(group_name(deployment.pk), {"type": "deployment.node_changed", "html": html})
+    """Push a node row's deployment as it is now (its nodes table and summary) to its pages."""
+    row = DeploymentNode.objects.filter(pk=row_id).values_list("deployment_id", flat=True)
+    deployment = with_nodes(row.first() or 0)
+    if deployment is not None:
+        live.push_each_audience(topic(deployment.pk), "nodes", renderer(deployment))
+
+
+def renderer(deployment: Deployment) -> Callable[[live.Audience], str]:
+    """Return what an audience is pushed: the nodes table (the same for all) and its summary."""
+    table = live.fragment(NODE_TABLE, {"deployment": deployment})
+    return lambda audience: table + summary(deployment, audience)

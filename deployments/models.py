@@ -10,7 +10,6 @@ from django.db import models
 
 from nodes.runtimes import RUNTIMES
 
-MIB = 1024 * 1024
 # How many of the agent's log lines a node row keeps: enough to explain a failure.
 LOG_LINES = 50
 
@@ -106,6 +105,11 @@ class Deployment(models.Model):
             return DeploymentState.FAILED
         return DeploymentState.SUCCEEDED
 
+    @property
+    def has_failed_nodes(self) -> bool:
+        """Say whether any node's part failed: what "Retry failed nodes" retries."""
+        return any(row.state == NodeState.FAILED for row in self.nodes.all())
+
     def get_state_display(self) -> str:
         """Return the overall state's label, as Django does for a field with choices."""
         return self.state.label
@@ -155,12 +159,3 @@ class DeploymentNode(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment} on {self.node}"
-
-    @property
-    def bytes_text(self) -> str:
-        """Return the download's progress in MiB, e.g. "12.0 of 48.0 MiB"."""
-        if self.bytes_total:
-            return f"{self.bytes_done / MIB:.1f} of {self.bytes_total / MIB:.1f} MiB"
-        if self.bytes_done:
-            return f"{self.bytes_done / MIB:.1f} MiB"
-        return ""

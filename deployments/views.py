@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from deployments import live as deployments_live
 from deployments import services
 from deployments.forms import DeploymentForm
 from deployments.models import Deployment
+from nexus import live
 from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, staff_required
 
@@ -19,9 +23,12 @@ DETAIL = "deployments/deployment_detail.html"
 LIVE_SECTION = f"{DETAIL}#deployment-live"
 
 
-def deployment_with_nodes(pk: int) -> Deployment:
-    """Return the deployment with its node rows and their nodes, or raise Http404."""
-    return get_object_or_404(Deployment.objects.prefetch_related("nodes__node"), pk=pk)
+def detail_context(request: HttpRequest, pk: int) -> dict[str, Any]:
+    """Return what the detail page and its live section show, or raise Http404."""
+    deployment = deployments_live.with_nodes(pk)
+    if deployment is None:
+        raise Http404(f"No deployment {pk}.")
+    return {"deployment": deployment, "can_manage": live.audience_of(request.user) == "manage"}
 
 
 @require_GET
@@ -51,15 +58,14 @@ def deployment_create(request: HttpRequest) -> HttpResponse:
 @login_required
 def deployment_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Render a deployment with one row per node, or only its live section for htmx."""
-    context = {"deployment": deployment_with_nodes(pk)}
-    return render_page_or_fragment(request, DETAIL, LIVE_SECTION, context)
+    return render_page_or_fragment(request, DETAIL, LIVE_SECTION, detail_context(request, pk))
 
 
 @require_POST
 @staff_required("start or retry deployments")
-def deployment_retry(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    """Retry the failed nodes; htmx gets the live section back with a notice, others a redirect."""
-    deployment = deployment_with_nodes(pk)
+def deployment_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    """Retry the failed nodes, say so in a toast, and go back to the page."""
+    deployment = detail_context(request, pk)["deployment"]
     try:
         rows = services.retry_failed(deployment)
     except (services.CannotRetry, ValidationError) as refusal:
@@ -67,8 +73,5 @@ def deployment_retry(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     else:
         names = ", ".join(row.node.name for row in rows)
         notice, level = f"Retrying the failed nodes: {names}.", messages.SUCCESS
-    if not request.htmx:
-        messages.add_message(request, level, notice)
-        return redirect("deployments:detail", pk=pk)
-    context = {"deployment": deployment_with_nodes(pk), "notice": notice}
-    return render(request, LIVE_SECTION, context)
+    messages.add_message(request, level, notice)
+    return redirect("deployments:detail", pk=pk)

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from django.urls import path
+
 from deployments.routing import websocket_urlpatterns as deployments_websockets
+from nexus.ui.consumers import KitConsumer
+from nodes.routing import websocket_urlpatterns as nodes_websockets
 from pools.routing import websocket_urlpatterns as pools_websockets
 
-websocket_urlpatterns = [*pools_websockets, *deployments_websockets]
+websocket_urlpatterns = [
+    *pools_websockets,
+    *nodes_websockets,
+    *deployments_websockets,
+    path("ws/ui/kit/", KitConsumer.as_asgi()),
+]

@@ -38,6 +38,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Django's widget templates, for the kit's form renderer (FORM_RENDERER below).
+    "django.forms",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -60,6 +62,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # After MessageMiddleware: messages of htmx requests leave as toasts (docs/ui.md).
+    "nexus.ui.middleware.HtmxMessagesMiddleware",
 ]
 
 ROOT_URLCONF = "nexus.urls"
@@ -80,6 +84,9 @@ TEMPLATES = [
         },
     },
 ]
+
+# Every {{ form }} renders with the console kit's templates (templates/ui/forms/).
+FORM_RENDERER = "nexus.ui.forms.FormRenderer"
 
 DATABASES = {
     "default": dj_database_url.parse(
@@ -129,8 +136,10 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            # Bounded, so that an unreachable Redis cannot stall a save that pushes to pages.
-            "hosts": [{"address": REDIS_URL, "socket_connect_timeout": 2, "socket_timeout": 2}],
+            # Bounded, so that an unreachable Redis cannot stall a save that pushes to pages. A
+            # consumer's receive blocks on Redis for up to 5 s (channels_redis' brpop_timeout):
+            # a read timeout below that closed every live page's socket after 2 s of quiet.
+            "hosts": [{"address": REDIS_URL, "socket_connect_timeout": 2, "socket_timeout": 10}],
             "prefix": f"{NEXUS_REDIS_PREFIX}:channels",
         },
     }

@@ -20,6 +20,7 @@ urlpatterns = [
     path("nodes/", include("nodes.urls")),
     path("deployments/", include("deployments.urls")),
     path("serving/", include("serving.urls")),
+    path("ui/", include("nexus.ui.urls")),
     path("api/v1/", include("nexus.api.urls")),
     path("api/v1/", include("pools.api.urls")),
     path("api/v1/", include("nodes.api.urls")),

@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError, QuerySet
 from django.utils import timezone
 
+from nodes import live
 from nodes.agent.identity import fingerprint_of, verify_challenge
 from nodes.client import AgentClient, AgentRefused, AgentUnreachable
 from nodes.models import ModelSource, ModelState, Node, NodeModel, NodeStatus, NodeTrust
@@ -208,11 +209,13 @@ def refresh_nodes() -> dict[str, int]:
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_REFRESHES, len(nodes))) as pool:
         observations = list(pool.map(lambda args: _observe(*args), targets))
     summary: dict[str, int] = {}
-    for node, observation in zip(nodes, observations, strict=True):
-        refreshed = _apply(node.pk, observation)
-        if refreshed is not None:
-            key = refreshed.status if refreshed.trust == NodeTrust.TRUSTED else refreshed.trust
-            summary[key] = summary.get(key, 0) + 1
+    # Every refresh moves last-seen times: the pages get the whole round in one push.
+    with live.one_push():
+        for node, observation in zip(nodes, observations, strict=True):
+            refreshed = _apply(node.pk, observation)
+            if refreshed is not None:
+                key = refreshed.status if refreshed.trust == NodeTrust.TRUSTED else refreshed.trust
+                summary[key] = summary.get(key, 0) + 1
     return summary
 
 

@@ -6,32 +6,26 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from nexus import live
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, staff_required
 from nodes import services
 from nodes.forms import NodeAddForm
+from nodes.live import NODE_LIST, NODES_TABLE, nodes_table_context
 from nodes.models import Node, NodeTrust
 
-NODE_LIST = "nodes/node_list.html"
-NODES_TABLE = f"{NODE_LIST}#nodes-table"
 NODE_DETAIL = "nodes/node_detail.html"
 NODE_STATE = f"{NODE_DETAIL}#node-state"
-
-
-def fleet() -> QuerySet[Node]:
-    """Return every node with its model count, for the list."""
-    return Node.objects.annotate(model_count=Count("models"))
 
 
 @require_GET
 @login_required
 def node_list(request: HtmxHttpRequest) -> HttpResponse:
-    """Render the fleet, or only its table for an htmx request."""
-    context = {"nodes": fleet(), "section": "nodes"}
+    """Render the fleet, or only its table for an htmx request; live over /ws/nodes/."""
+    context = nodes_table_context(live.audience_of(request.user))
     return render_page_or_fragment(request, NODE_LIST, NODES_TABLE, context)
 
 

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from channels.generic.websocket import AsyncWebsocketConsumer
+from typing import Any
 
-from pools.live import POOLS_GROUP, PoolsChanged
+from nexus import live
+from nexus.consumers import LiveConsumer
+from pools import live as pools_live
 
 
-class PoolsConsumer(AsyncWebsocketConsumer):
+class PoolsConsumer(LiveConsumer):
     """Forward the re-rendered pools table to a signed-in pools page."""
 
-    async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close()
-            return
-        await self.channel_layer.group_add(POOLS_GROUP, self.channel_name)
-        await self.accept()
+    def topic(self, user: Any) -> str:
+        return pools_live.POOLS_TOPIC
 
-    async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(POOLS_GROUP, self.channel_name)
-
-    async def pools_changed(self, message: PoolsChanged) -> None:
-        await self.send(text_data=message["html"])
+    def current(self, audience: live.Audience) -> str:
+        return pools_live.pools_table(audience)

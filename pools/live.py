@@ -1,6 +1,6 @@
-"""What is live: pushes to the pages' channel-layer groups, and the gateways' published state.
+"""What is live: pushes to the pools pages, and the gateways' published state.
 
-`send`/`pools_changed` are the one typed gateway from Smart Balancer changes to the pages.
+`pools_changed` pushes the pools table through nexus.live, the one typed gateway to the pages.
 `live_state` reads what every gateway process published (pools.gateway.publish) and merges it,
 so that any process (the admin API's dry run, the Live and pool pages) sees the balancer's view.
 """
@@ -13,14 +13,11 @@ import secrets
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
-from django.template.loader import render_to_string
 from redis.exceptions import RedisError
 
+from nexus import live
 from nexus.services import redis_client
 from pools.balancer.health import CircuitReport
 from pools.balancer.snapshot import TargetView
@@ -36,30 +33,17 @@ logger = logging.getLogger(__name__)
 # How long a dry run waits for the gateway processes to say where a conversation went.
 ASK_TIMEOUT_S = 0.5
 
-POOLS_GROUP = "pools"
+POOLS_TOPIC = "pools"
 
 
-class PoolsChanged(TypedDict):
-    """The pools table, re-rendered for the pages to swap in by its id."""
-
-    type: Literal["pools.changed"]
-    html: str
-
-
-def send(group: str, message: PoolsChanged) -> None:
-    """Send a message to a group; a missing channel layer must not fail the caller's save."""
-    try:
-        layer = get_channel_layer()
-        if layer is not None:  # None only without CHANNEL_LAYERS, which settings always set
-            async_to_sync(layer.group_send)(group, dict(message))
-    except Exception:
-        logger.warning("could not send %s to group %s", message["type"], group, exc_info=True)
+def pools_table(audience: live.Audience) -> str:
+    """Return the pools table as it is now, rendered for a push."""
+    return live.fragment(POOLS_TABLE, pools_table_context(audience))
 
 
 def pools_changed() -> None:
-    """Push the current pools table to every open pools page."""
-    html = render_to_string(POOLS_TABLE, {**pools_table_context(), "oob": True})
-    send(POOLS_GROUP, {"type": "pools.changed", "html": html})
+    """Push the current pools table to every open pools page (nexus.live has the pattern)."""
+    live.push_each_audience(POOLS_TOPIC, "pools-table", pools_table)
 
 
 # -- the gateways' live state, read from any process --------------------------------------------

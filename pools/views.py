@@ -12,8 +12,9 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from nexus import scopes
+from nexus import live, scopes
 from nexus.auth import TokenRefused, bearer_token
+from nexus.models import ApiToken
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment
 from pools.gateway import metrics
 from pools.models import Pool
@@ -22,25 +23,36 @@ POOL_LIST = "pools/pool_list.html"
 POOLS_TABLE = f"{POOL_LIST}#pools-table"
 
 
-def pools_table_context() -> dict[str, Any]:
+def with_targets() -> QuerySet[Pool]:
+    """Return pools with their targets and the targets' nodes, whose state the rows show."""
+    return Pool.objects.prefetch_related("targets__node")
+
+
+def pools_table_context(audience: live.Audience) -> dict[str, Any]:
     """Return what the pools-table partial needs, for the page and for live pushes alike."""
-    pools: QuerySet[Pool] = Pool.objects.prefetch_related("targets")
-    return {"pools": pools}
+    return {"pools": with_targets(), "can_manage": audience == "manage"}
 
 
 @require_GET
 @login_required
 def pool_list(request: HtmxHttpRequest) -> HttpResponse:
     """Render the pools page, or only its table for an htmx request."""
-    return render_page_or_fragment(request, POOL_LIST, POOLS_TABLE, pools_table_context())
+    context = pools_table_context(live.audience_of(request.user))
+    return render_page_or_fragment(request, POOL_LIST, POOLS_TABLE, context)
 
 
 @require_GET
 @login_required
 def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    """Render one pool's settings and targets."""
-    pool = get_object_or_404(Pool.objects.prefetch_related("targets"), slug=slug)
-    return render(request, "pools/pool_detail.html", {"pool": pool})
+    """Render one pool's settings and targets, and how to call it."""
+    pool = get_object_or_404(with_targets(), slug=slug)
+    # Only a prefix to recognise each by: a token's secret is never stored.
+    tokens = [
+        token
+        for token in ApiToken.objects.usable().filter(created_by=request.user)
+        if token.may_call(scopes.pool(pool.slug))
+    ]
+    return render(request, "pools/pool_detail.html", {"pool": pool, "tokens": tokens})
 
 
 def may_read_metrics(request: HttpRequest) -> bool:

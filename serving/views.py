@@ -9,6 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
+from django.db.models import Count, Q
 from django.http import (
     Http404,
     HttpRequest,
@@ -27,7 +28,7 @@ from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from serving import folder_sync, folders, services, tokens
 from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm
 from serving.launch import LaunchError, LaunchProblem
-from serving.models import ModelFolder, Service, ServiceLifecycle
+from serving.models import ModelFolder, RouteState, Service, ServiceLifecycle
 
 FOLDER_LIST = "serving/model_folder_list.html"
 FOLDERS_SECTION = f"{FOLDER_LIST}#model-folders"
@@ -297,10 +298,16 @@ def service_context(service: Service) -> dict[str, Any]:
     ]
     latest, running = service.latest_revision, service.running_revision
     updating = service.latest_revision_id != service.running_revision_id
+    finished = Q(state=RouteState.TERMINATED)
     return {
         "section": SERVICES_SECTION,
         "service": service,
         "status": services.status_text(service),
+        "ready": services.ready_replicas(service),
+        # What deleting it stops, and what its history keeps.
+        "route_counts": service.routes.aggregate(
+            live=Count("id", filter=~finished), finished=Count("id", filter=finished)
+        ),
         "latest": latest,
         "running": running,
         "updating": updating,

@@ -1,42 +1,218 @@
-// Small page behaviour. Listeners sit on the document, so fragments swapped in live keep working.
+// The console's page behaviour (docs/ui.md): copy buttons, toasts, dialogs, drawers, tabs, the
+// token chooser, the live indicator, and relative times kept current. No framework. Listeners
+// sit on the document, so fragments swapped in live keep working.
+"use strict";
 
-document.addEventListener("click", async (event) => {
-  const button = event.target.closest("button[data-copy]");
-  if (!button) return;
-  try {
-    await navigator.clipboard.writeText(button.dataset.copy);
-    button.textContent = "Copied";
-  } catch {
-    button.textContent = "Select and copy";
+// Numbers and times, written as nexus/ui/format.py writes them (a browser test holds the two to
+// one table). Used for relative times that age while the page is open and by charts.js.
+const format = (() => {
+  const MISSING = "—";
+  // Halves round up on both sides (format.py's _whole and _tenths).
+  const whole = (value) => Math.floor(value + 0.5);
+  const tenths = (value) => Math.floor(value * 10 + 0.5) / 10;
+  const fixed1 = (value) => tenths(value).toFixed(1);
+  const oneDecimal = (value) => {
+    const text = fixed1(value);
+    return text.endsWith(".0") ? text.slice(0, -2) : text;
+  };
+  const number = (value) => (value == null ? MISSING : whole(value).toLocaleString("en-US"));
+
+  function duration(seconds) {
+    if (seconds == null || Number.isNaN(seconds)) return MISSING;
+    if (seconds < 0) return `-${duration(-seconds)}`;
+    const ms = seconds * 1000;
+    if (ms < 1 && ms !== 0) return `${fixed1(ms)} ms`;
+    if (whole(ms) < 1000) return `${whole(ms)} ms`;
+    if (tenths(seconds) < 10) return `${fixed1(seconds)} s`;
+    if (whole(seconds) < 60) return `${whole(seconds)} s`;
+    if (whole(seconds) < 3600) {
+      const total = whole(seconds);
+      const [minutes, rest] = [Math.floor(total / 60), total % 60];
+      return rest ? `${minutes} min ${rest} s` : `${minutes} min`;
+    }
+    if (whole(seconds / 60) < 24 * 60) {
+      const total = whole(seconds / 60);
+      const [hours, minutes] = [Math.floor(total / 60), total % 60];
+      return minutes ? `${hours} h ${minutes} min` : `${hours} h`;
+    }
+    const total = whole(seconds / 3600);
+    const [days, hours] = [Math.floor(total / 24), total % 24];
+    return hours ? `${days} d ${hours} h` : `${days} d`;
   }
-  setTimeout(() => { button.textContent = "Copy"; }, 1500);
-});
 
-function showLiveStatus(state, text) {
-  for (const badge of document.querySelectorAll("[data-live-status]")) {
-    badge.dataset.liveStatus = state;
-    badge.textContent = text;
+  function rate(perSecond, unit) {
+    if (perSecond == null || Number.isNaN(perSecond)) return MISSING;
+    if (perSecond === 0) return `0 ${unit}/s`;
+    if (Math.abs(perSecond) < 10) return `${fixed1(perSecond)} ${unit}/s`;
+    return `${number(perSecond)} ${unit}/s`;
   }
-}
 
-let socketOpenedBefore = false;
+  const SIZE_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+  function binarySize(size) {
+    if (size == null) return MISSING;
+    if (size < 0) return `-${binarySize(-size)}`;
+    if (size < 1024) return `${whole(size)} B`;
+    let exponent = Math.min(Math.floor(Math.log(size) / Math.log(1024)), SIZE_UNITS.length - 1);
+    let value = size / 1024 ** exponent;
+    if (tenths(value) >= 1024 && exponent < SIZE_UNITS.length - 1) {
+      exponent += 1;
+      value /= 1024;
+    }
+    return `${oneDecimal(value)} ${SIZE_UNITS[exponent]}`;
+  }
 
-document.addEventListener("htmx:wsOpen", () => {
-  if (socketOpenedBefore) {
-    // Changes made while the socket was down were never pushed: fetch the current fragments.
-    for (const link of document.querySelectorAll("a[data-live-refresh]")) {
-      htmx.ajax("GET", link.getAttribute("href"), {
-        target: link.getAttribute("hx-target"),
-        swap: link.getAttribute("hx-swap"),
-      });
+  function percent(value, of = 1) {
+    if (value == null || !of || Number.isNaN(value)) return MISSING;
+    const points = (value / of) * 100;
+    if (points !== 0 && Math.abs(points) < 10) return `${oneDecimal(points)} %`;
+    return `${whole(points)} %`;
+  }
+
+  const AGO_UNITS = [[86400, "d"], [3600, "h"], [60, "min"], [1, "s"]];
+  function ago(when, now) {
+    if (when == null) return MISSING;
+    let seconds = (now - when) / 1000;
+    const future = seconds < 0;
+    seconds = Math.abs(seconds);
+    if (seconds < 1) return "just now";
+    if (seconds >= 30 * 86400) return new Date(when).toISOString().slice(0, 10);
+    const [size, unit] = AGO_UNITS.find(([size]) => seconds >= size);
+    const amount = `${Math.floor(seconds / size)} ${unit}`;
+    return future ? `in ${amount}` : `${amount} ago`;
+  }
+
+  // A chart value in its unit (nexus/ui/charts.py UNITS).
+  function value(amount, unit) {
+    switch (unit) {
+      case "ms": return amount == null ? MISSING : duration(amount / 1000);
+      case "s": return duration(amount);
+      case "req/s": return rate(amount, "req");
+      case "tok/s": return rate(amount, "tok");
+      case "%": return percent(amount);
+      case "B": return binarySize(amount);
+      default: return number(amount);
     }
   }
-  socketOpenedBefore = true;
-  showLiveStatus("open", "Live");
-});
-document.addEventListener("htmx:wsClose", () => showLiveStatus("closed", "Reconnecting…"));
 
-// Tabs (role="tablist"): every panel shows without JavaScript; with it, one at a time.
+  return { number, duration, rate, binarySize, percent, ago, value };
+})();
+
+// A form pushed over the websocket was rendered for no one user, so {% csrf_token %} gave it
+// nothing: posts from the page carry the page's own token instead.
+function csrfToken() {
+  return document.querySelector('meta[name="csrf-token"]')?.content ?? "";
+}
+
+document.addEventListener("submit", (event) => {
+  const form = event.target;
+  if (form.method !== "post" || form.querySelector('input[name="csrfmiddlewaretoken"]')) return;
+  const input = document.createElement("input");
+  input.type = "hidden";
+  input.name = "csrfmiddlewaretoken";
+  input.value = csrfToken();
+  form.append(input);
+}, true);
+
+document.addEventListener("htmx:configRequest", (event) => {
+  if (event.detail.verb !== "get") event.detail.headers["X-CSRFToken"] = csrfToken();
+});
+
+function announce(text) {
+  const region = document.getElementById("announcer");
+  if (!region) return;
+  // Emptied first: the same words twice in a row are announced twice.
+  region.textContent = "";
+  setTimeout(() => { region.textContent = text; }, 50);
+}
+
+// Copy buttons: data-copy="text", or data-copy-code for the code of the block it sits in.
+document.addEventListener("click", async (event) => {
+  const button = event.target.closest("button[data-copy], button[data-copy-code]");
+  if (!button) return;
+  const text = button.hasAttribute("data-copy-code")
+    ? button.closest(".code-block").querySelector("code").textContent
+    : button.dataset.copy;
+  const label = button.dataset.label || button.textContent;
+  button.dataset.label = label;
+  try {
+    await navigator.clipboard.writeText(text);
+    button.textContent = "Copied";
+    announce("Copied");
+  } catch {
+    button.textContent = "Select and copy";
+    announce("Could not copy: select the text and copy it");
+  }
+  setTimeout(() => { button.textContent = label; }, 1500);
+});
+
+// Toasts: from Django messages on the page, from htmx responses (HX-Trigger), or Nexus.toast().
+const TOAST_MS = 6000;
+
+function dismissLater(toast) {
+  // Errors stay until dismissed: an operator must not miss them.
+  if (toast.dataset.level === "error") return;
+  let timer = setTimeout(() => toast.remove(), TOAST_MS);
+  toast.addEventListener("mouseenter", () => clearTimeout(timer));
+  toast.addEventListener("mouseleave", () => { timer = setTimeout(() => toast.remove(), TOAST_MS); });
+}
+
+function toast(text, level = "success") {
+  const region = document.getElementById("toasts");
+  if (!region) return;
+  const item = document.createElement("div");
+  item.className = "toast";
+  item.dataset.level = level;
+  if (level === "error") item.setAttribute("role", "alert");
+  const words = document.createElement("span");
+  words.className = "toast-text";
+  words.textContent = text;
+  const close = document.createElement("button");
+  close.type = "button";
+  close.className = "close";
+  close.dataset.close = "";
+  close.setAttribute("aria-label", "Dismiss");
+  close.textContent = "✕";
+  item.append(words, close);
+  region.append(item);
+  dismissLater(item);
+}
+
+// The HX-Trigger of nexus/ui/middleware.py: {"nexus:toasts": {"target": "body", "toasts": […]}}.
+document.addEventListener("nexus:toasts", (event) => {
+  for (const { text, level } of event.detail.toasts) toast(text, level);
+});
+
+// Dialogs and drawers: data-dialog="id" opens a confirmation (a modal); data-drawer="id" opens
+// a drawer beside the page (not modal: the list stays usable); data-close closes either.
+document.addEventListener("click", (event) => {
+  const closer = event.target.closest("[data-close]");
+  if (closer) {
+    const box = closer.closest("dialog, .toast");
+    if (box instanceof HTMLDialogElement) box.close();
+    else if (box) box.remove();
+    return;
+  }
+  const opener = event.target.closest("[data-dialog], [data-drawer]");
+  if (!opener) return;
+  const target = document.getElementById(opener.dataset.dialog || opener.dataset.drawer);
+  if (!(target instanceof HTMLDialogElement)) return;
+  if (opener.dataset.dialog) {
+    event.preventDefault();
+    target.showModal();
+    return;
+  }
+  // A drawer whose opener loads its body with htmx lets htmx handle the click.
+  if (!opener.hasAttribute("hx-get")) event.preventDefault();
+  if (!target.open) target.show();
+});
+
+document.addEventListener("keydown", (event) => {
+  if (event.key !== "Escape") return;
+  for (const drawer of document.querySelectorAll("dialog.drawer[open]")) drawer.close();
+});
+
+// Tabs (WAI-ARIA tabs pattern, any role="tablist"): every panel shows without JavaScript; with
+// it, one at a time, chosen by click or the arrow keys, Home and End.
 function selectTab(tab) {
   const list = tab.closest("[role=tablist]");
   for (const other of list.querySelectorAll("[role=tab]")) {
@@ -59,14 +235,61 @@ document.addEventListener("click", (event) => {
   const tab = event.target.closest("[role=tab]");
   if (tab) selectTab(tab);
 });
+
 document.addEventListener("keydown", (event) => {
   const tab = event.target.closest("[role=tab]");
-  if (!tab || !["ArrowLeft", "ArrowRight"].includes(event.key)) return;
+  if (!tab || !["ArrowLeft", "ArrowRight", "Home", "End"].includes(event.key)) return;
   const tabs = [...tab.closest("[role=tablist]").querySelectorAll("[role=tab]")];
-  const step = event.key === "ArrowRight" ? 1 : -1;
-  const next = tabs[(tabs.indexOf(tab) + step + tabs.length) % tabs.length];
+  const at = tabs.indexOf(tab);
+  const next = {
+    ArrowLeft: tabs[(at - 1 + tabs.length) % tabs.length],
+    ArrowRight: tabs[(at + 1) % tabs.length],
+    Home: tabs[0],
+    End: tabs[tabs.length - 1],
+  }[event.key];
+  event.preventDefault();
   selectTab(next);
   next.focus();
 });
+
 document.addEventListener("DOMContentLoaded", () => initTabs(document));
 document.addEventListener("htmx:load", (event) => initTabs(event.target));
+
+// The snippets' token chooser puts the chosen token into every snippet beside it.
+document.addEventListener("change", (event) => {
+  const chooser = event.target.closest("select[data-token-chooser]");
+  if (!chooser) return;
+  for (const slot of chooser.closest(".snippets").querySelectorAll("[data-snippet-token]")) {
+    slot.textContent = chooser.value;
+  }
+});
+
+// The live indicator: shown once the page's websocket starts; the server sends the current
+// state on every (re)connect, so a page that was cut off catches up by itself.
+function showLiveStatus(state, text) {
+  for (const indicator of document.querySelectorAll("[data-live-status]")) {
+    indicator.hidden = false;
+    indicator.dataset.liveStatus = state;
+    indicator.textContent = text;
+  }
+}
+
+document.addEventListener("htmx:wsConnecting", () => showLiveStatus("connecting", "Connecting…"));
+document.addEventListener("htmx:wsOpen", () => showLiveStatus("open", "Live"));
+document.addEventListener("htmx:wsClose", () => showLiveStatus("closed", "Reconnecting…"));
+
+// Relative times age while the page stays open.
+function refreshTimes() {
+  const now = Date.now();
+  for (const time of document.querySelectorAll("time[data-ago]")) {
+    time.textContent = format.ago(Date.parse(time.getAttribute("datetime")), now);
+  }
+}
+
+setInterval(refreshTimes, 5000);
+
+document.addEventListener("DOMContentLoaded", () => {
+  for (const item of document.querySelectorAll("#toasts .toast")) dismissLater(item);
+});
+
+window.Nexus = { format, toast, announce };

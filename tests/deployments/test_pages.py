@@ -47,7 +47,7 @@ def test_the_list_shows_each_deployment_with_its_state_and_nodes(teammate: Clien
 
     page = teammate.get("/deployments/").content.decode()
 
-    for text in ["Qwen on the fleet", "qwen2.5-0.5b", "gpu-a, gpu-b", ">Failed<"]:
+    for text in ["Qwen on the fleet", "qwen2.5-0.5b", "gpu-a, gpu-b", 'data-state="failed"']:
         assert text in page, text
     assert 'href="/deployments/" aria-current="page"' in page
     assert "New deployment" not in page
@@ -135,14 +135,23 @@ def test_the_detail_shows_a_row_per_node_with_progress(teammate: Client) -> None
         f'<tr id="deployment-node-{a.pk}" data-state="running">',
         "downloading",
         '<progress max="100" value="25.0"></progress>',
-        "25%",
-        "12.0 of 48.0 MiB",
+        "Running (downloading, 25 %)",
+        "12 MiB of 48 MiB",
         f'<tr id="deployment-node-{b.pk}" data-state="failed">',
         "sha256 mismatch",
         f'ws-connect="/ws/deployments/{deployment.pk}/"',
     ]:
         assert text in page, text
     assert "Retry failed nodes" not in page
+
+
+def test_retry_is_offered_to_staff_only_when_a_node_failed(owner: Client, teammate: Client) -> None:
+    failed = make_deployment("failed", {make_node("gpu-a"): NodeState.FAILED})
+    running = make_deployment("running", {make_node("gpu-b"): NodeState.RUNNING})
+
+    assert "Retry failed nodes" in owner.get(f"/deployments/{failed.pk}/").content.decode()
+    assert "Retry failed nodes" not in owner.get(f"/deployments/{running.pk}/").content.decode()
+    assert "Retry failed nodes" not in teammate.get(f"/deployments/{failed.pk}/").content.decode()
 
 
 def test_an_htmx_request_gets_only_the_live_section(teammate: Client) -> None:
@@ -154,7 +163,7 @@ def test_an_htmx_request_gets_only_the_live_section(teammate: Client) -> None:
     assert "HX-Request" in response["Vary"]
 
 
-def test_the_retry_button_retries_the_failed_nodes_in_place(
+def test_the_retry_button_retries_the_failed_nodes_and_says_so(
     owner: Client, django_capture_on_commit_callbacks
 ) -> None:
     deployment = make_deployment(
@@ -162,13 +171,12 @@ def test_the_retry_button_retries_the_failed_nodes_in_place(
     )
 
     with django_capture_on_commit_callbacks():
-        response = owner.post(
-            f"/deployments/{deployment.pk}/retry/", headers={"HX-Request": "true"}
-        )
+        response = owner.post(f"/deployments/{deployment.pk}/retry/", follow=True)
 
+    assert response.redirect_chain == [(f"/deployments/{deployment.pk}/", 302)]
     page = response.content.decode()
-    assert page.lstrip().startswith('<section id="deployment-live"')
-    assert "Retrying the failed nodes: gpu-a." in page
+    assert '<span class="toast-text">Retrying the failed nodes: gpu-a.</span>' in page
+    assert "Retry failed nodes" not in page  # none failed now
     assert [row.state for row in deployment.nodes.order_by("node__name")] == [
         "pending",
         "succeeded",

@@ -20,12 +20,12 @@ from tests.support.agent import RunningAgent, running_agent
 from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.fileserver import serving_file
 from tests.support.live import LiveServer, running_nexus
+from tests.support.screenshots import screenshot
 from tests.support.worker import running_worker
 
 pytestmark = pytest.mark.e2e
 
 MIB = 1024 * 1024
-SCREENSHOT = Path("/tmp/nexus-deployment-page.png")
 
 
 @dataclass
@@ -79,23 +79,54 @@ def test_the_progress_bar_moves_live_and_retry_brings_back_a_crashed_node(
         page.wait_for_function(f"document.querySelector('{bar}').value > 0", timeout=10_000)
         first = progress_value(page, bar)
         page.wait_for_function(f"document.querySelector('{bar}').value > {first}", timeout=10_000)
-        expect(row.locator(".bytes")).to_contain_text(" of 3.0 MiB")
+        expect(row.locator(".bytes")).to_contain_text(" of 3 MiB")
         world.agent.kill()
 
         expect(row).to_have_attribute("data-state", "failed", timeout=20_000)
         expect(row.locator(".error")).to_contain_text(
             "node node-a stopped answering while downloading: connection refused"
         )
-        expect(page.locator("#deployment-summary")).to_contain_text("Failed")
+        expect(page.locator("#deployment-summary .badge")).to_have_text("✕ Failed")
+        retry = page.get_by_role("button", name="Retry failed nodes")
+        expect(retry).to_be_visible()
+        screenshot(page, "deployments-detail-failed")
 
         world.agent.start()
-        page.get_by_role("button", name="Retry failed nodes").click()
-        expect(page.locator(".notice")).to_have_text("Retrying the failed nodes: node-a.")
+        retry.click()  # a plain post, then the page again (POST, redirect, GET)
+        expect(page.locator(".toast")).to_contain_text("Retrying the failed nodes: node-a.")
         expect(row).to_contain_text("attempt 2")
+        expect(retry).to_be_hidden()
+        page.evaluate("window.loadedOnce = true")
         expect(row).to_have_attribute("data-state", "succeeded", timeout=30_000)
 
-    expect(page.locator("#deployment-summary")).to_contain_text("Succeeded")
+    expect(page.locator("#deployment-summary .badge")).to_have_text("✓ Succeeded")
+    expect(page.get_by_role("button", name="Retry failed nodes")).to_have_count(0)
     assert progress_value(page, bar) == 100.0
     assert page.evaluate("window.loadedOnce") is True
     assert committed(lambda: DeploymentNode.objects.get(pk=world.row.pk).attempt) == 2
-    page.screenshot(path=SCREENSHOT, full_page=True)
+    screenshot(page, "deployments-detail-succeeded")
+
+
+def test_the_form_keeps_what_was_typed_beside_the_reason_it_was_refused(
+    world: World, page: Page
+) -> None:
+    sign_in(page, world.nexus, "/deployments/new/")
+
+    page.get_by_label("Name").fill("custom on node-a")
+    page.get_by_label("node-a").check()
+    page.get_by_label("Runtime", exact=True).select_option("custom")
+    page.get_by_label("Custom command").fill("my-server ${MODEL_PATH}")
+    page.get_by_label("An HTTP(S) URL").check()
+    page.get_by_label("Model location").fill("http://files.lan/demo.bin")
+    page.get_by_label("Model id").fill("demo-1b")
+    page.get_by_role("button", name="Deploy").click()
+
+    expect(page.locator("#id_runtime_argv_error")).to_have_text(
+        "A custom runtime's command must contain ${PORT}, where it listens."
+    )
+    expect(page.get_by_label("Custom command")).to_have_attribute("aria-invalid", "true")
+    expect(page.get_by_label("Name")).to_have_value("custom on node-a")
+    expect(page.get_by_label("Custom command")).to_have_value("my-server ${MODEL_PATH}")
+    expect(page.get_by_label("node-a")).to_be_checked()
+    assert committed(lambda: Deployment.objects.count()) == 1
+    screenshot(page, "deployments-new-refused")

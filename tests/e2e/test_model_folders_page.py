@@ -12,6 +12,7 @@ from playwright.sync_api import Page, expect
 from tests.nexus.factories import make_user
 from tests.support.browser import PASSWORD, sign_in
 from tests.support.live import LiveServer, running_nexus
+from tests.support.screenshots import screenshot
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +25,6 @@ MODEL_DEFINITION = """models:
       health_check:
         path: /health
 """
-SCREENSHOT = Path("/tmp/nexus-model-folders-page.png")
 
 
 @pytest.fixture
@@ -66,12 +66,12 @@ def test_an_owner_creates_a_folder_uploads_views_and_deletes_a_model_definition(
     expect(page).to_have_url(f"{nexus.url}/serving/models/llama-3.1-8b/")
     page.get_by_label("File").set_input_files(definition)
     page.get_by_role("button", name="Upload").click()
-    expect(page.locator(".messages")).to_contain_text("Uploaded model-definition.yaml")
+    expect(page.locator("#toasts")).to_contain_text("Uploaded model-definition.yaml")
     files = page.locator("#files-table")
     expect(files.locator("tbody tr")).to_have_count(1)
     expect(files.locator("tbody tr")).to_contain_text("model-definition.yaml")
     expect(files.locator(".facts")).to_contain_text("Model definition model-definition.yaml")
-    page.screenshot(path=SCREENSHOT, full_page=True)
+    screenshot(page, "serving-folder-uploaded")
 
     # View: the text as uploaded.
     files.get_by_role("link", name="model-definition.yaml").click()
@@ -83,14 +83,14 @@ def test_an_owner_creates_a_folder_uploads_views_and_deletes_a_model_definition(
     page.once("dialog", lambda dialog: dialog.accept())
     files.get_by_role("button", name="Delete model-definition.yaml").click()
     expect(files).to_contain_text("Deleted model-definition.yaml.")
-    expect(files).to_contain_text("No files yet.")
+    expect(files).to_contain_text("No files yet")
     assert list((data_dir / "models" / "llama-3.1-8b").iterdir()) == []
 
-    # Delete the folder: a confirmation page, then the list without it.
+    # Delete the folder: a confirmation dialog that counts the files, then the list without it.
     page.get_by_role("link", name="Delete folder").click()
     expect(page.get_by_role("heading", name="Delete model folder llama-3.1-8b?")).to_be_visible()
     page.get_by_role("button", name="Delete folder").click()
     expect(page).to_have_url(f"{nexus.url}/serving/models/")
-    expect(page.locator(".messages")).to_contain_text("Deleted model folder llama-3.1-8b")
+    expect(page.locator("#toasts")).to_contain_text("Deleted model folder llama-3.1-8b")
     expect(page.get_by_text("No model folders yet.")).to_be_visible()
     assert list((data_dir / "models").iterdir()) == []

@@ -11,11 +11,11 @@ from playwright.sync_api import Page, expect
 from tests.nexus.factories import make_pool, make_target, make_user
 from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
+from tests.support.screenshots import screenshot
 
 pytestmark = pytest.mark.e2e
 
 PROVIDER_KEY = "sk-provider-0123456789abcdef"
-SCREENSHOT = Path("/tmp/nexus-pools-page.png")
 
 
 @pytest.fixture
@@ -83,4 +83,4 @@ def test_a_pool_created_elsewhere_appears_without_a_reload(nexus: LiveServer, pa
     expect(embed.get_by_role("heading", name="Embeddings")).to_be_visible(timeout=10_000)
     expect(embed.locator("tbody tr")).to_contain_text("bge-small")
     assert page.evaluate("window.loadedOnce") is True
-    page.screenshot(path=SCREENSHOT, full_page=True)
+    screenshot(page, "pools-list-live")

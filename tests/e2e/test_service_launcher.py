@@ -16,6 +16,7 @@ from serving.models import ModelFolder, Service
 from tests.nexus.factories import make_user
 from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
+from tests.support.screenshots import screenshot
 
 pytestmark = pytest.mark.e2e
 
@@ -23,8 +24,6 @@ pytestmark = pytest.mark.e2e
 BROKEN_DEFINITION = (
     b"models:\n  - name: x\n    model_path: /models\n    service:\n      port: 8000\n"
 )
-SCREENSHOT = Path("/tmp/nexus-service-launcher.png")
-DETAIL_SCREENSHOT = Path("/tmp/nexus-service-detail.png")
 
 
 @pytest.fixture
@@ -90,14 +89,14 @@ def test_the_launcher_checks_as_one_types_and_starts_the_service(
     expect(fact(check, "Port")).to_have_text("8000")
     expect(fact(check, "Tensor parallel")).to_have_text("2")
     expect(fact(check, "Model path")).to_contain_text("/models/llama")
-    page.screenshot(path=SCREENSHOT, full_page=True)
+    screenshot(page, "serving-launcher-ready")
 
     # Submitted: the service exists and its page opens.
     page.get_by_role("button", name="Start service").click()
     expect(page).to_have_url(re.compile(r"/serving/services/chat/$"))
-    expect(page.locator(".messages")).to_contain_text("Started service chat.")
+    expect(page.locator("#toasts")).to_contain_text("Started service chat.")
     expect(page.locator("#service-readiness")).to_have_text("0 of 1 replica ready")
     expect(page.locator("#revisions")).to_contain_text("vllm serve /models/llama --tp 2")
-    page.screenshot(path=DETAIL_SCREENSHOT, full_page=True)
+    screenshot(page, "serving-service-started")
     spec = committed(lambda: Service.objects.get().latest_revision.spec)
     assert (spec["argv"], spec["port"]) == (["vllm", "serve", "/models/llama", "--tp", "2"], 8000)

@@ -1,4 +1,5 @@
-"""Live pools page: a change to pools or targets reaches signed-in pages over /ws/pools/."""
+"""Live pools page: a change to pools or targets reaches signed-in pages over /ws/pools/, as the
+same table partial the page shows."""
 
 from __future__ import annotations
 
@@ -8,41 +9,26 @@ from collections.abc import AsyncIterator
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.conf import settings
 from django.db import transaction
-from django.test import Client
 
-from nexus.asgi import application
 from pools.models import Pool
-from tests.nexus.factories import make_pool, make_target, make_user
-
-ORIGIN = (b"origin", b"http://127.0.0.1")
-
-
-def session_cookie(username: str) -> tuple[bytes, bytes]:
-    """Return a Cookie header that signs in a new user."""
-    client = Client()
-    client.force_login(make_user(username))
-    name = settings.SESSION_COOKIE_NAME
-    return (b"cookie", f"{name}={client.cookies[name].value}".encode())
+from tests.nexus.factories import make_pool, make_target
+from tests.support.sockets import refusal, signed_in_socket
 
 
 @pytest.fixture
 async def teammate_socket(transactional_db: None) -> AsyncIterator[WebsocketCommunicator]:
-    cookie = await sync_to_async(session_cookie)("teammate")
-    socket = WebsocketCommunicator(application, "/ws/pools/", headers=[ORIGIN, cookie])
-    connected, _ = await socket.connect()
-    assert connected
+    socket = await signed_in_socket("/ws/pools/", "teammate")
+    # The state on connect (an empty table here), in a teammate's version: no "Add pool".
+    state = await socket.receive_from(timeout=5)
+    assert "No pools yet" in state
+    assert "Add pool" not in state
     yield socket
     await socket.disconnect()
 
 
 async def test_an_outsider_is_refused(transactional_db: None) -> None:
-    socket = WebsocketCommunicator(application, "/ws/pools/", headers=[ORIGIN])
-
-    connected, code = await socket.connect()
-
-    assert (connected, code) == (False, 1000)
+    assert await refusal("/ws/pools/") == (False, 1000)
 
 
 async def test_a_saved_pool_is_pushed_as_the_pools_table(
@@ -97,12 +83,13 @@ def test_a_save_succeeds_when_the_channel_layer_is_unreachable(
     }
 
     with (
-        caplog.at_level(logging.WARNING, logger="pools.live"),
+        caplog.at_level(logging.WARNING, logger="nexus.live"),
         django_capture_on_commit_callbacks(execute=True),
     ):
         make_pool("chat")
 
     assert Pool.objects.filter(slug="chat").exists()
     assert [r.getMessage() for r in caplog.records] == [
-        "could not send pools.changed to group pools"
+        "could not send live.fragments to group live.pools.manage",
+        "could not send live.fragments to group live.pools.view",
     ]

@@ -1,0 +1,88 @@
+"""The base of every live page's websocket consumer (docs/ui.md, "Live pages")."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from nexus import live
+
+
+class LiveConsumer(AsyncWebsocketConsumer):
+    """Authenticate, check access, join the page's groups, send the current state, forward.
+
+    A subclass says which topic a user may watch (`topic`, None to refuse) and what the page's
+    live parts are now (`current`); both run in a thread with database access and get the URL's
+    arguments. Frames are plain text: the htmx websocket extension swaps the HTML in by its ids.
+    Pushes arriving within `min_interval_s` of the previous frame wait and are merged by key.
+    """
+
+    min_interval_s: ClassVar[float] = 1.0
+
+    def topic(self, user: Any, **url_kwargs: Any) -> str | None:
+        """Return the topic the user may watch on this page, or None to refuse the socket."""
+        raise NotImplementedError
+
+    def current(self, audience: live.Audience, **url_kwargs: Any) -> str:
+        """Return the page's live parts as they are now, rendered out of band."""
+        raise NotImplementedError
+
+    async def connect(self) -> None:
+        self.joined: list[str] = []
+        self.pending: dict[str, str] = {}
+        self.last_sent = float("-inf")
+        self.flush: asyncio.Task[None] | None = None
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close()
+            return
+        url_kwargs = self.scope["url_route"]["kwargs"]
+        topic = await database_sync_to_async(self.topic)(user, **url_kwargs)
+        if topic is None:
+            await self.close()
+            return
+        audience = live.audience_of(user)
+        # Joined before the current state is read: a change made meanwhile is pushed after it.
+        self.joined = [live.group(topic), live.group(topic, audience)]
+        for name in self.joined:
+            await self.channel_layer.group_add(name, self.channel_name)
+        await self.accept()
+        # A page that reconnects catches up on whatever it missed while the socket was down.
+        await self.live_fragments(
+            {
+                "type": "live.fragments",
+                "key": "current",
+                "html": await database_sync_to_async(self.current)(audience, **url_kwargs),
+            }
+        )
+
+    async def disconnect(self, code: int) -> None:
+        if self.flush is not None:
+            self.flush.cancel()
+        for name in self.joined:
+            await self.channel_layer.group_discard(name, self.channel_name)
+
+    async def live_fragments(self, message: live.Fragments) -> None:
+        # Re-inserted, so that fragments go out in the order of their latest push.
+        self.pending.pop(message["key"], None)
+        self.pending[message["key"]] = message["html"]
+        if self.flush is not None:
+            return
+        wait = self.last_sent + self.min_interval_s - asyncio.get_running_loop().time()
+        if wait <= 0:
+            await self.send_pending()
+        else:
+            self.flush = asyncio.create_task(self.send_pending(after_s=wait))
+
+    async def send_pending(self, *, after_s: float = 0.0) -> None:
+        if after_s:
+            await asyncio.sleep(after_s)
+        html = "".join(self.pending.values())
+        self.pending.clear()
+        self.flush = None
+        self.last_sent = asyncio.get_running_loop().time()
+        if html.strip():
+            await self.send(text_data=html)

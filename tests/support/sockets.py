@@ -1,0 +1,47 @@
+"""Live pages' websockets through the real ASGI app: a signed-in person's socket, or a refusal."""
+
+from __future__ import annotations
+
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import Client
+
+from nexus.asgi import application
+from tests.nexus.factories import make_user
+
+# The browser's Origin: the ASGI app refuses sockets from other hosts.
+ORIGIN = (b"origin", b"http://127.0.0.1")
+
+
+def session_cookie(username: str, *, staff: bool = False) -> tuple[bytes, bytes]:
+    """Return a Cookie header that signs in a new user."""
+    client = Client()
+    client.force_login(make_user(username, staff=staff))
+    name = settings.SESSION_COOKIE_NAME
+    return (b"cookie", f"{name}={client.cookies[name].value}".encode())
+
+
+async def signed_in_socket(
+    path: str, username: str, *, staff: bool = False
+) -> WebsocketCommunicator:
+    """Return a connected socket of a new user's page (disconnect it at the end)."""
+    cookie = await sync_to_async(session_cookie)(username, staff=staff)
+    socket = WebsocketCommunicator(application, path, headers=[ORIGIN, cookie])
+    connected, _ = await socket.connect()
+    assert connected, f"{username} could not open {path}"
+    return socket
+
+
+async def refusal(path: str, username: str = "", *, staff: bool = False) -> tuple[bool, int | None]:
+    """Return how the socket of a page opened anonymously (or by a new user) was answered.
+
+    The socket is then disconnected, as a browser does: nothing is left running after the test.
+    """
+    headers = [ORIGIN]
+    if username:
+        headers.append(await sync_to_async(session_cookie)(username, staff=staff))
+    socket = WebsocketCommunicator(application, path, headers=headers)
+    answer = await socket.connect()
+    await socket.disconnect()
+    return answer
