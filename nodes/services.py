@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -24,6 +25,7 @@ from nodes import live
 from nodes.agent.identity import fingerprint_of, verify_challenge
 from nodes.client import AgentClient, AgentRefused, AgentUnreachable
 from nodes.models import ModelSource, ModelState, Node, NodeModel, NodeStatus, NodeTrust
+from nodes.signals import node_state_changed
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +324,7 @@ def _apply(node_id: int, observation: Observation) -> Node | None:
         changed = _sync_inventory(node, observation.models, now) or changed
     node.save()
     if changed:
+        transaction.on_commit(partial(node_state_changed.send, sender=Node, node=node), robust=True)
         if node.trust != NodeTrust.TRUSTED:
             log.warning("node %s is pending again: %s", node.name, node.last_error)
         elif node.status == NodeStatus.OFFLINE:

@@ -13,6 +13,7 @@ from django.dispatch import receiver
 
 from nexus.models import ApiToken
 from nodes.models import Node
+from nodes.signals import node_state_changed
 from pools import live
 from pools.gateway import revocations
 from pools.models import Pool, Target, node_base_url
@@ -25,6 +26,13 @@ from pools.models import Pool, Target, node_base_url
 def push_pools_to_pages(sender: type, **kwargs: object) -> None:
     # After commit, so that pages never show a change that is then rolled back.
     transaction.on_commit(live.pools_changed, robust=True)
+
+
+@receiver(node_state_changed)
+def push_pools_after_a_node_changed(sender: type, node: Node, **kwargs: object) -> None:
+    # A target's row shows its node's state: offline or untrusted, it takes no traffic.
+    if node.targets.exists():
+        live.pools_changed()
 
 
 @receiver(post_save, sender=Node)

@@ -11,8 +11,11 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import transaction
 
+from nodes import services
 from pools.models import Pool
+from tests.deployments.factories import make_node
 from tests.nexus.factories import make_pool, make_target
+from tests.support.simulator import free_port
 from tests.support.sockets import refusal, signed_in_socket
 
 
@@ -93,3 +96,21 @@ def test_a_save_succeeds_when_the_channel_layer_is_unreachable(
         "could not send live.fragments to group live.pools.manage",
         "could not send live.fragments to group live.pools.view",
     ]
+
+
+async def test_a_target_whose_node_goes_offline_is_pushed_as_such(
+    teammate_socket: WebsocketCommunicator,
+) -> None:
+    def pool_on_a_silent_node() -> None:
+        node = make_node("gpu-1", address=f"http://127.0.0.1:{free_port()}")
+        make_target(make_pool("chat"), "on-gpu-1", node=node)
+
+    await sync_to_async(pool_on_a_silent_node)()
+    await teammate_socket.receive_from(timeout=5)  # the pool, created
+
+    await sync_to_async(services.refresh_nodes)()
+    fragment = await teammate_socket.receive_from(timeout=5)
+
+    row = fragment[fragment.index(">on-gpu-1</td>") :].split("</tr>")[0]
+    assert 'data-tone="bad" data-state="node_offline"' in row
+    assert "Node offline (since just now, connection refused)" in row
