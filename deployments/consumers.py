@@ -13,10 +13,10 @@ from nexus.consumers import LiveConsumer
 class DeploymentConsumer(LiveConsumer):
     """Forward re-rendered node rows of one deployment to a signed-in detail page."""
 
-    def topic(self, user: Any, pk: int) -> str | None:
-        if not Deployment.objects.filter(pk=pk).exists():
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        if not Deployment.objects.filter(pk=url["pk"]).exists():
             return None
-        return deployments_live.topic(pk)
+        return deployments_live.topic(url["pk"])
 
-    def current(self, audience: live.Audience, pk: int) -> str:
-        return deployments_live.current(pk, audience)
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
+        return deployments_live.current(url["pk"], audience)

@@ -16,17 +16,18 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     A subclass says which topic a user may watch (`topic`, None to refuse) and what the page's
     live parts are now (`current`); both run in a thread with database access and get the URL's
-    arguments. Frames are plain text: the htmx websocket extension swaps the HTML in by its ids.
-    Pushes arriving within `min_interval_s` of the previous frame wait and are merged by key.
+    arguments (`url`, e.g. {"pk": 12}). Frames are plain text: the htmx websocket extension swaps
+    the HTML in by its ids. Pushes arriving within `min_interval_s` of the previous frame wait
+    and are merged by key.
     """
 
     min_interval_s: ClassVar[float] = 1.0
 
-    def topic(self, user: Any, **url_kwargs: Any) -> str | None:
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
         """Return the topic the user may watch on this page, or None to refuse the socket."""
         raise NotImplementedError
 
-    def current(self, audience: live.Audience, **url_kwargs: Any) -> str:
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         """Return the page's live parts as they are now, rendered out of band."""
         raise NotImplementedError
 
@@ -39,8 +40,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close()
             return
-        url_kwargs = self.scope["url_route"]["kwargs"]
-        topic = await database_sync_to_async(self.topic)(user, **url_kwargs)
+        url = self.scope["url_route"]["kwargs"]
+        topic = await database_sync_to_async(self.topic)(user, url)
         if topic is None:
             await self.close()
             return
@@ -55,7 +56,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             {
                 "type": "live.fragments",
                 "key": "current",
-                "html": await database_sync_to_async(self.current)(audience, **url_kwargs),
+                "html": await database_sync_to_async(self.current)(audience, url),
             }
         )
 

@@ -12,8 +12,8 @@ from nodes import live as nodes_live
 class NodesConsumer(LiveConsumer):
     """Forward the re-rendered nodes table to a signed-in nodes page."""
 
-    def topic(self, user: Any) -> str:
+    def topic(self, user: Any, url: dict[str, Any]) -> str:
         return nodes_live.NODES_TOPIC
 
-    def current(self, audience: live.Audience) -> str:
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         return nodes_live.nodes_table(audience)

@@ -12,8 +12,8 @@ from pools import live as pools_live
 class PoolsConsumer(LiveConsumer):
     """Forward the re-rendered pools table to a signed-in pools page."""
 
-    def topic(self, user: Any) -> str:
+    def topic(self, user: Any, url: dict[str, Any]) -> str:
         return pools_live.POOLS_TOPIC
 
-    def current(self, audience: live.Audience) -> str:
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         return pools_live.pools_table(audience)

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nexus import live, scopes
-from nexus.auth import TokenRefused, bearer_token
+from nexus.auth import TokenRefused, acting_user, bearer_token
 from nexus.models import ApiToken
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment
 from pools.gateway import metrics
@@ -49,7 +49,7 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
     # Only a prefix to recognise each by: a token's secret is never stored.
     tokens = [
         token
-        for token in ApiToken.objects.usable().filter(created_by=request.user)
+        for token in ApiToken.objects.usable().filter(created_by=acting_user(request))
         if token.may_call(scopes.pool(pool.slug))
     ]
     return render(request, "pools/pool_detail.html", {"pool": pool, "tokens": tokens})

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.template import Engine, Template
 from django.template.base import FilterExpression, Parser, Token, token_kwargs
 from django.template.context import Context
 from django.urls import NoReverseMatch, reverse
@@ -245,8 +246,13 @@ class ComponentNode(template.Node):
     def render(self, context: Context) -> str:
         values = self.values(context)
         values["body"] = mark_safe(self.nodelist.render(context))
-        partial = context.template.engine.get_template(self.template_name)
-        return partial.render(context.new(values))
+        return _partial(context, self.template_name).render(context.new(values))
+
+
+def _partial(context: Context, name: str) -> Template:
+    """Return one of the kit's partials from the engine rendering the page."""
+    engine = context.template.engine if context.template is not None else Engine.get_default()
+    return engine.get_template(name)
 
 
 def _component(parser: Parser, token: Token) -> tuple[Any, dict[str, Any]]:
@@ -320,8 +326,7 @@ class TabsNode(ComponentNode):
                 }
             )
         values.update(id=group, tabs=tabs)
-        partial = context.template.engine.get_template(self.template_name)
-        return partial.render(context.new(values))
+        return _partial(context, self.template_name).render(context.new(values))
 
 
 @register.tag

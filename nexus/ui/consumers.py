@@ -12,8 +12,8 @@ from nexus.ui.views import KIT_TOPIC, kit_live
 class KitConsumer(LiveConsumer):
     """Forward the kit's live part to staff on the style guide."""
 
-    def topic(self, user: Any) -> str | None:
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
         return KIT_TOPIC if user.is_staff else None
 
-    def current(self, audience: live.Audience) -> str:
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         return kit_live()

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from nexus import live
+from nexus.auth import acting_user
 from nexus.models import ApiToken
 from nexus.pages import staff_required
 from nexus.ui import badges, charts, format
@@ -123,7 +124,7 @@ def kit_context(request: HttpRequest, form: SampleForm) -> dict[str, Any]:
         "share": charts.share_chart(
             "Requests per target", [("fast", 84), ("medium", 41), ("slow", 15)]
         ),
-        "tokens": ApiToken.objects.usable().filter(created_by=request.user)[:20],
+        "tokens": ApiToken.objects.usable().filter(created_by=acting_user(request))[:20],
         "wide_rows": range(3),
         "offline_since": offline_since,
         **kit_live_context(),
