@@ -66,8 +66,10 @@ def test_the_live_part_arrives_on_connect_and_on_every_push(nexus: LiveServer, p
     first = page.locator("#kit-live time").first.get_attribute("datetime")
     page.evaluate("window.loadedOnce = true")
 
-    page.get_by_role("button", name="Push an update").click()
+    with page.expect_response(lambda r: r.url.endswith("/ui/kit/push/")) as pushed:
+        page.get_by_role("button", name="Push an update").click()
 
+    assert pushed.value.status == 204  # the page's CSRF token went with the htmx post
     expect(page.locator("#kit-live time").first).not_to_have_attribute("datetime", first or "")
     assert page.evaluate("window.loadedOnce") is True
 

@@ -61,6 +61,17 @@ def test_the_pools_page_lists_each_pool_with_its_targets(teammate: Client) -> No
     assert PROVIDER_KEY not in page
 
 
+def test_an_empty_pools_page_offers_staff_the_next_step() -> None:
+    owner = Client()
+    owner.force_login(make_user("owner", staff=True))
+
+    page = owner.get("/pools/").content.decode()
+
+    assert '<p class="empty-title">No pools yet</p>' in page
+    assert "apps call it by one name, @pool/&lt;slug&gt;." in page
+    assert '<a class="button primary" href="/admin/pools/pool/add/">Add pool</a>' in page
+
+
 def test_an_htmx_request_gets_only_the_pools_table(teammate: Client) -> None:
     make_pool("chat")
 
