@@ -111,14 +111,23 @@ def ago(when: object, empty: str = format.MISSING) -> SafeString:
 # State badges.
 
 
-@register.inclusion_tag("ui/badge.html")
-def badge(kind: str | badges.Badge, *args: Any, **kwargs: Any) -> dict[str, Any]:
+@register.simple_tag
+def badge(kind: str | badges.Badge, *args: Any, **kwargs: Any) -> SafeString:
     """{% badge "node" node.trust node.status since=node.status_changed_at error=node.last_error %}
 
-    Or a Badge built in Python: {% badge row.badge %}.
+    Or a Badge built in Python: {% badge row.badge %}. Written here rather than in a partial: a
+    table shows one per row, and this is several times cheaper to render.
     """
     built = kind if isinstance(kind, badges.Badge) else badges.build(kind, *args, **kwargs)
-    return {"badge": built}
+    return format_html(
+        '<span class="badge" data-tone="{}" data-state="{}" title="{}">'
+        '<span class="badge-icon" aria-hidden="true">{}</span> {}</span>',
+        built.tone,
+        built.state,
+        built.reason,
+        built.icon,
+        built.text,
+    )
 
 
 # Components.

@@ -2,7 +2,7 @@
 
 Pure Python, no Django: one builder per kind of thing takes the stored values (plain strings,
 numbers, datetimes) and returns a `Badge`; `{% badge %}` (nexus/templatetags/ui.py) renders it
-through `templates/ui/badge.html`. A row shows `worst(...)` of the badges that apply, so a page
+as one `<span class="badge">`. A row shows `worst(...)` of the badges that apply, so a page
 never says "Healthy" for something drained, ejected or offline.
 
 Tones (UI.md): green ok, amber transitional or warning, red failed, grey inactive, blue
