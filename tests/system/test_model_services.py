@@ -874,7 +874,13 @@ def test_a_broken_revision_rolls_back_showing_why_while_the_old_one_serves(
     assert (detail["updating"], detail["status"]) == (False, "2 of 2 replicas ready")
     page = world.owner.get(f"/serving/services/{WEB}/")
     assert page.status_code == 200
-    assert f'Rolled back: <span class="error">{reason}</span>' in page.content.decode()
+    html = page.content.decode()
+    assert re.search(
+        r'data-state="rolled_back"[^>]*>.*?Rolled back</span> <span class="error">'
+        + re.escape(reason)
+        + "</span>",
+        html,
+    ), html
 
 
 # --- Tokens ----------------------------------------------------------------------------------
