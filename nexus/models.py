@@ -1,4 +1,5 @@
-"""Shared models: client API tokens, and the configuration the gateway's snapshot follows."""
+"""Shared models: projects and their members, API tokens, and the configuration the gateway's
+snapshot follows."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from nexus import scopes
+from nexus.choices import choices_of
 
 TOKEN_PREFIX = "nx-"
+DEFAULT_PROJECT = "default"
 
 
 def hash_token(secret: str) -> str:
@@ -42,6 +45,53 @@ class ConfigVersion(models.Model):
     def current(cls) -> int:
         row = cls.objects.filter(pk=1).values_list("version", flat=True).first()
         return row or 0
+
+
+class Project(models.Model):
+    """A group of pools, services and tokens that its members manage together."""
+
+    name = models.SlugField(max_length=100, unique=True, help_text="Fixed once created.")
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def default_project_pk() -> int:
+    """Return the default project's key, creating the project on first use."""
+    return Project.objects.get_or_create(name=DEFAULT_PROJECT)[0].pk
+
+
+class Role(models.TextChoices):
+    """What a member may do in a project."""
+
+    OWNER = "owner", "Owner"  # manages everything in it, its memberships included
+    MEMBER = "member", "Member"  # manages its pools, services and tokens
+    VIEWER = "viewer", "Viewer"  # reads them
+
+
+class Membership(models.Model):
+    """A user's role in a project."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["project__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="one_membership_per_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
 
 
 M = TypeVar("M", bound="ConfigInput")
@@ -178,13 +228,32 @@ class ApiTokenQuerySet(ConfigInputQuerySet["ApiToken"]):
 
 
 class ApiToken(ConfigInput):
-    """A client token: calls /v1 and the admin API; scoped to all pools or a list of pools."""
+    """A token: a client token calls inference (its pools and services), an admin token the
+    admin API (read or write) as the user who issued it."""
 
     config_fields = frozenset(
-        {"name", "token_hash", "all_pools", "pools", "services", "expires_at", "revoked_at"}
-    )
+        {"name", "token_hash", "kind", "all_pools", "pools", "services", "expires_at",
+         "revoked_at"}
+    )  # fmt: skip
 
     name = models.CharField(max_length=100)
+    kind = models.CharField(
+        max_length=8, choices=choices_of(scopes.TokenKind), default=scopes.TokenKind.CLIENT.value
+    )
+    access = models.CharField(
+        max_length=8,
+        choices=choices_of(scopes.AdminAccess),
+        blank=True,
+        help_text="An admin token's reach: read, or read and write. Empty for a client token.",
+    )
+    project = models.ForeignKey(
+        Project,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="tokens",
+        help_text="Whose members manage the token; none: staff only.",
+    )
     prefix = models.CharField(max_length=16, help_text="The first characters, to recognise it.")
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     all_pools = models.BooleanField(default=True)
@@ -217,6 +286,9 @@ class ApiToken(ConfigInput):
         cls,
         name: str,
         *,
+        kind: scopes.TokenKind = scopes.TokenKind.CLIENT,
+        access: scopes.AdminAccess | None = None,
+        project: Project | None = None,
         pools: list[str] | None = None,
         services: list[str] | None = None,
         expires_at: datetime | None = None,
@@ -224,14 +296,23 @@ class ApiToken(ConfigInput):
     ) -> tuple[ApiToken, str]:
         """Create a token and return it with its secret, which is never stored.
 
-        A token names pools (none: all ordinary pools) or, as a service token, services only.
+        A client token names pools (none: all ordinary pools) or, as a service token, services
+        only; an admin token names its access (read unless said) and no pool.
         """
+        admin = kind == scopes.TokenKind.ADMIN
+        if admin and (pools or services):
+            raise ValueError("An admin token names no pool or service.")
+        if not admin and access:
+            raise ValueError("A client token has no admin access.")
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(
             name=name,
+            kind=kind,
+            access=(access or scopes.AdminAccess.READ) if admin else "",
+            project=project,
             prefix=secret[:10],
             token_hash=hash_token(secret),
-            all_pools=not pools and not services,
+            all_pools=not admin and not pools and not services,
             pools=sorted(set(pools or [])),
             services=sorted(set(services or [])),
             expires_at=expires_at,
@@ -255,7 +336,11 @@ class ApiToken(ConfigInput):
     @property
     def scope(self) -> scopes.TokenScope:
         return scopes.TokenScope(
-            all_pools=self.all_pools, pools=frozenset(self.pools), services=frozenset(self.services)
+            all_pools=self.all_pools,
+            pools=frozenset(self.pools),
+            services=frozenset(self.services),
+            kind=scopes.TokenKind(self.kind),
+            access=scopes.AdminAccess(self.access) if self.access else None,
         )
 
     def may_call(self, callee: scopes.Callee) -> bool:

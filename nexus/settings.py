@@ -234,8 +234,9 @@ NEXUS_ENCRYPTION_KEY = env_str("NEXUS_ENCRYPTION_KEY", "")
 # "redis" forces one. A lease not renewed for the TTL (its process died) frees its slot.
 NEXUS_LEDGER = env_choice("NEXUS_LEDGER", "auto", ("auto", "memory", "redis"))
 NEXUS_LEDGER_LEASE_TTL_S = env_int("NEXUS_LEDGER_LEASE_TTL_S", 60, minimum=3)
-# /metrics answers anyone (a scraper on a private network); false: staff sessions and tokens only.
-NEXUS_METRICS_PUBLIC = env_bool("NEXUS_METRICS_PUBLIC", True)
+# /metrics names every pool and target: staff sessions and staff's admin tokens read it (what
+# Prometheus scrapes with, docs/access.md); true: anyone (a scraper on a private network).
+NEXUS_METRICS_PUBLIC = env_bool("NEXUS_METRICS_PUBLIC", False)
 
 NEXUS_LOG_LEVEL = env_str("NEXUS_LOG_LEVEL", "INFO")
 LOGGING = {

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from nexus import crypto
 from nexus.choices import choices_of
-from nexus.models import ConfigInput, ConfigInputQuerySet
+from nexus.models import ConfigInput, ConfigInputQuerySet, Project, default_project_pk
 from nodes import services as node_services
 from nodes.models import NodeTrust
 from pools.balancer import snapshot as balancer
@@ -61,6 +61,13 @@ class Pool(ConfigInput):
 
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=64, unique=True, help_text="Fixed once created.")
+    project = models.ForeignKey(
+        Project,
+        on_delete=models.PROTECT,
+        default=default_project_pk,
+        related_name="pools",
+        help_text="Whose members manage the pool and see it.",
+    )
     description = models.TextField(blank=True)
     compatibility_mode = models.CharField(
         max_length=32, choices=CompatibilityMode.choices, default=CompatibilityMode.EXACT_REPLICAS

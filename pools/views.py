@@ -55,30 +55,43 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "pools/pool_detail.html", {"pool": pool, "tokens": tokens})
 
 
-def may_read_metrics(request: HttpRequest) -> bool:
-    """Return whether the caller may read /metrics: anyone, or only staff and their tokens."""
+def metrics_refusal(request: HttpRequest) -> HttpResponse | None:
+    """Return why the caller may not read /metrics, or None when they may.
+
+    Public metrics answer anyone; private ones staff sessions and admin tokens issued by staff.
+    No credential or a bad token: 401; a token or user that may not: 403.
+    """
     if settings.NEXUS_METRICS_PUBLIC:
-        return True
+        return None
     user = request.user
     if user.is_authenticated and user.is_staff:
-        return True
+        return None
     try:
         token = bearer_token(request.headers.get("Authorization", ""))
-    except TokenRefused:
-        return False
-    return bool(
-        token is not None
-        and token.may_call(scopes.METRICS)
-        and token.created_by is not None
-        and token.created_by.is_staff
-    )
+    except TokenRefused as refused:
+        return metrics_answer(401, str(refused))
+    if token is None:
+        if user.is_authenticated:
+            return metrics_answer(403, "Only staff may read the metrics.")
+        return metrics_answer(401, "Authentication required: an admin token or a staff session.")
+    if not token.may_call(scopes.METRICS):
+        return metrics_answer(403, scopes.refusal(token.scope, scopes.METRICS))
+    if token.created_by is None or not token.created_by.is_staff:
+        return metrics_answer(403, "Only admin tokens issued by staff may read the metrics.")
+    return None
+
+
+def metrics_answer(status: int, message: str) -> HttpResponse:
+    """Return a plain-text refusal of /metrics (Prometheus shows the body of a failed scrape)."""
+    response = HttpResponse(f"{message}\n", status=status, content_type="text/plain")
+    if status == 401:
+        response["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Serve the gateway's metrics in Prometheus's text format."""
-    if not may_read_metrics(request):
-        response = HttpResponse("Authentication required.\n", status=401, content_type="text/plain")
-        response["WWW-Authenticate"] = "Bearer"
-        return response
+    if (refusal := metrics_refusal(request)) is not None:
+        return refusal
     return HttpResponse(generate_latest(metrics.registry()), content_type=CONTENT_TYPE_LATEST)

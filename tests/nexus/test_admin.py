@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from nexus.models import ApiToken, ConfigVersion, hash_token
+from nexus.models import ApiToken, ConfigVersion, default_project_pk, hash_token
 from pools.models import Pool, Target, TargetState
 from tests.nexus.factories import make_pool, make_target, make_user
 
@@ -161,6 +161,7 @@ def test_a_pool_is_added_with_an_inline_target_and_its_credential(owner: Client)
         {
             "name": "Chat",
             "slug": "chat",
+            "project": str(default_project_pk()),
             "compatibility_mode": "exact_replicas",
             "strategy": "smart",
             "max_queue": "100",

@@ -204,6 +204,7 @@ def world(committed_db, django_db_blocker, tmp_path_factory) -> Iterator[World]:
                 NEXUS_UPSTREAM_READ_TIMEOUT_S=str(READ_TIMEOUT_S),
                 NEXUS_LEDGER="memory" if settings.NEXUS_BUNDLED_REDIS else "redis",
                 NEXUS_REDIS_PREFIX=prefix,
+                NEXUS_METRICS_PUBLIC="true",
             ) as nexus:
                 yield World(nexus, engines, token, other_token, target_ids, django_db_blocker)
         finally:

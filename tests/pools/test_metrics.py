@@ -9,8 +9,15 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from nexus.models import ApiToken
+from nexus.scopes import TokenKind
 from pools.gateway import metrics
 from tests.nexus.factories import make_user
+
+
+@pytest.fixture(autouse=True)
+def public_metrics(settings: pytest.FixtureRequest) -> None:
+    """Metrics open to anyone unless a test says otherwise (the private ones below do)."""
+    settings.NEXUS_METRICS_PUBLIC = True
 
 
 @pytest.fixture
@@ -99,7 +106,7 @@ def test_private_metrics_are_refused_to_anonymous_callers(
 
 
 @pytest.mark.django_db
-def test_private_metrics_are_served_to_staff_and_their_unscoped_tokens(
+def test_private_metrics_are_served_to_staff_and_their_admin_tokens(
     settings: pytest.FixtureRequest, pool: str
 ) -> None:
     settings.NEXUS_METRICS_PUBLIC = False
@@ -107,15 +114,15 @@ def test_private_metrics_are_served_to_staff_and_their_unscoped_tokens(
     staff, teammate = make_user("owner", staff=True), make_user("teammate")
     browser = Client()
     browser.force_login(staff)
-    _, staff_secret = ApiToken.issue("prometheus", created_by=staff)
-    _, scoped_secret = ApiToken.issue("scoped", pools=[pool], created_by=staff)
-    _, teammate_secret = ApiToken.issue("mine", created_by=teammate)
+    _, staff_secret = ApiToken.issue("prometheus", kind=TokenKind.ADMIN, created_by=staff)
+    _, client_secret = ApiToken.issue("app", created_by=staff)
+    _, teammate_secret = ApiToken.issue("mine", kind=TokenKind.ADMIN, created_by=teammate)
 
     assert ("nexus_queued", labels(pool=pool)) in scrape(browser)
     assert ("nexus_queued", labels(pool=pool)) in scrape(Authorization=f"Bearer {staff_secret}")
-    for secret in (scoped_secret, teammate_secret, "nx-unknown"):
+    for secret, status in ((client_secret, 403), (teammate_secret, 403), ("nx-unknown", 401)):
         response = Client().get("/metrics", headers={"Authorization": f"Bearer {secret}"})
-        assert response.status_code == 401
+        assert response.status_code == status
 
 
 @pytest.mark.django_db
@@ -126,4 +133,4 @@ def test_a_signed_in_teammate_may_not_read_private_metrics(
     client = Client()
     client.force_login(make_user("teammate"))
 
-    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics").status_code == 403
