@@ -232,8 +232,8 @@ class ApiToken(ConfigInput):
     admin API (read or write) as the user who issued it."""
 
     config_fields = frozenset(
-        {"name", "token_hash", "kind", "all_pools", "pools", "services", "expires_at",
-         "revoked_at"}
+        {"name", "token_hash", "kind", "access", "all_pools", "pools", "services",
+         "expires_at", "revoked_at"}
     )  # fmt: skip
 
     name = models.CharField(max_length=100)

@@ -21,7 +21,7 @@ from django.db import connection, models, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from nexus.models import ApiToken, ConfigInput, ConfigVersion
+from nexus.models import ApiToken, ConfigInput, ConfigVersion, Project
 from nexus.signals import config_inputs
 from nodes.models import Node, NodeStatus, NodeTrust
 from pools.gateway.snapshot import Snapshot, load_snapshot
@@ -52,6 +52,8 @@ def build_world() -> dict[type[ConfigInput], ConfigInput]:
     service = Service.objects.create(name="svc", pool=managed, open_to_public=False)
     token, _ = ApiToken.issue("app", pools=["chat"], expires_at=timezone.now() + timedelta(days=1))
     ApiToken.issue("old")[0].revoke()
+    # A second project, so that a row's project can change (other_value picks another row).
+    Project.objects.create(name="elsewhere")
     return {Node: node, Pool: chat, Target: hosted, Service: service, ApiToken: token}
 
 
