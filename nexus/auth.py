@@ -1,4 +1,4 @@
-"""Client-token authentication (admin API, metrics) and the admin API's permission policy."""
+"""Token authentication of the admin API (admin tokens only) and its fleet-wide permission."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from nexus import scopes
 from nexus.models import ApiToken, hash_token
 
 
@@ -44,7 +45,11 @@ def bearer_token(header: str) -> ApiToken | None:
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
-    """Authenticate API calls by a client token; the user is whoever created it."""
+    """Authenticate admin API calls by an admin token; it acts as the user who issued it.
+
+    A bad token is 401; a client token, or a read-only admin token asked to change something,
+    is 403 with the reason (`scopes.refusal`).
+    """
 
     def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
         try:
@@ -53,24 +58,25 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(str(refused)) from None
         if token is None:
             return None
-        if token.services:  # the kinds of token take over in the next change
-            raise exceptions.AuthenticationFailed(
-                "A service token calls its service (/serve/<name>/ or @pool/<name>), "
-                "not the admin API."
-            )
-        return (token.created_by or AnonymousUser(), token)
+        callee = scopes.admin_api(writes=request.method not in permissions.SAFE_METHODS)
+        if not token.may_call(callee):
+            raise exceptions.PermissionDenied(scopes.refusal(token.scope, callee))
+        if token.created_by is None or not token.created_by.is_active:
+            raise exceptions.AuthenticationFailed("This admin token's user no longer exists.")
+        return (token.created_by, token)
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"
 
 
 class StaffWritesAuthenticatedReads(permissions.BasePermission):
-    """Any signed-in user or token may read; only staff may change anything."""
+    """The fleet (nodes, deployments, resource groups and presets): any signed-in user or admin
+    token reads it; only staff change it."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         user = request.user
         if request.method in permissions.SAFE_METHODS:
-            return bool(request.auth is not None or (user and user.is_authenticated))
+            return bool(user and user.is_authenticated)
         return bool(user and user.is_authenticated and user.is_staff)
 
 

@@ -66,6 +66,13 @@ def default_project_pk() -> int:
     return Project.objects.get_or_create(name=DEFAULT_PROJECT)[0].pk
 
 
+def project_named(name: str) -> Project | None:
+    """Return the project with this name (the default one always exists), or None."""
+    if name == DEFAULT_PROJECT:
+        return Project.objects.get(pk=default_project_pk())
+    return Project.objects.filter(name=name).first()
+
+
 class Role(models.TextChoices):
     """What a member may do in a project."""
 

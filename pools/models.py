@@ -64,9 +64,8 @@ class Pool(ConfigInput):
     project = models.ForeignKey(
         Project,
         on_delete=models.PROTECT,
-        default=default_project_pk,
         related_name="pools",
-        help_text="Whose members manage the pool and see it.",
+        help_text="Whose members manage the pool and see it; the default project when unset.",
     )
     description = models.TextField(blank=True)
     compatibility_mode = models.CharField(
@@ -109,6 +108,12 @@ class Pool(ConfigInput):
     def model_name(self) -> str:
         """Return the name apps put in `model`."""
         return f"{POOL_MODEL_PREFIX}{self.slug}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Set here, not as the field's default: a default would query whenever a Pool is built.
+        if self.project_id is None:
+            self.project_id = default_project_pk()
+        super().save(*args, **kwargs)
 
     def clean(self) -> None:
         if self.pk:

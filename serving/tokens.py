@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from nexus.models import ApiToken
+from nexus.models import ApiToken, Project
 from serving.models import Service, ServiceLifecycle
 
 
@@ -60,7 +60,11 @@ def issue_service_token(
     if expires_at <= timezone.now():
         raise ValidationError({"expires_at": "Choose a time in the future."})
     return ApiToken.issue(
-        name, services=[service.name], expires_at=expires_at, created_by=created_by
+        name,
+        project=Project.objects.filter(name=service.project).first(),
+        services=[service.name],
+        expires_at=expires_at,
+        created_by=created_by,
     )
 
 

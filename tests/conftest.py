@@ -1,5 +1,6 @@
 """Suite-wide setup: the bundled Redis when REDIS_URL is unset, a committed test database, and
-the admin API's personas (owner: staff; teammate: signed in, not staff; outsider: anonymous)."""
+the admin API's everyday personas (owner: staff; teammate: a viewer of the default project;
+outsider: anonymous). The whole cast, project owners and tokens too, is tests.support.personas."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from rest_framework.test import APIClient
 
 from nexus import embedded_redis
 from nexus.env import bundled_redis_socket
+from nexus.models import Project, Role, default_project_pk
 from tests.nexus.factories import make_user
+from tests.support.personas import add_member, signed_in
 
 _bundled_redis: subprocess.Popen[bytes] | None = None
 # The configured (non-test) database; a connection still naming it has no test database yet.
@@ -59,9 +62,9 @@ def owner(db: None) -> APIClient:
 
 @pytest.fixture
 def teammate(db: None) -> APIClient:
-    client = APIClient()
-    client.force_login(make_user("teammate"))
-    return client
+    user = make_user("teammate")
+    add_member(Project.objects.get(pk=default_project_pk()), user, Role.VIEWER)
+    return signed_in(user)
 
 
 @pytest.fixture

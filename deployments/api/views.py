@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,18 +19,6 @@ from deployments.api.serializers import (
 )
 from deployments.models import Deployment
 from nexus.auth import StaffWritesAuthenticatedReads, acting_user
-from nexus.models import ApiToken
-
-
-class NotLimitedToPoolsForWrites(permissions.BasePermission):
-    """Let a token limited to some pools read deployments but never start or retry one."""
-
-    message = "A token limited to some pools cannot change deployments."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        if request.method in permissions.SAFE_METHODS:
-            return True
-        return not (isinstance(request.auth, ApiToken) and not request.auth.all_pools)
 
 
 class DeploymentViewSet(
@@ -43,7 +29,7 @@ class DeploymentViewSet(
 ):
     """Deployments, newest first, each with one row per node."""
 
-    permission_classes = [StaffWritesAuthenticatedReads, NotLimitedToPoolsForWrites]
+    permission_classes = [StaffWritesAuthenticatedReads]
 
     def get_queryset(self) -> QuerySet[Deployment]:
         return Deployment.objects.select_related("created_by").prefetch_related("nodes__node")

@@ -6,11 +6,24 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db.models import QuerySet
 from django.utils import timezone
 from rest_framework import serializers
 
-from nexus import scopes
-from nexus.models import ApiToken
+from nexus import access, scopes
+from nexus.choices import choices_of
+from nexus.models import ApiToken, Project, default_project_pk
+
+
+class ProjectField(serializers.SlugRelatedField):
+    """A project named by its name, among those the caller sees (others do not exist for them)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "The project (by name); the default project when omitted.")
+        super().__init__(slug_field="name", queryset=Project.objects.all(), **kwargs)
+
+    def get_queryset(self) -> QuerySet[Project]:
+        return access.visible_projects(self.context["request"].user)
 
 
 class PoolSlugField(serializers.CharField):
@@ -26,12 +39,24 @@ class PoolSlugField(serializers.CharField):
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
-    """A client token as listed: its scope and state, never its secret."""
+    """A token as listed: its kind, scope and state, never its secret."""
 
+    kind = serializers.ChoiceField(
+        choices=choices_of(scopes.TokenKind),
+        default=scopes.TokenKind.CLIENT.value,
+        help_text="client: inference only (/v1, /serve); admin: the admin API, as its issuer.",
+    )
+    access = serializers.ChoiceField(
+        choices=choices_of(scopes.AdminAccess),
+        required=False,
+        help_text="An admin token's reach (read unless said); a client token has none.",
+    )
+    project = ProjectField(required=False)
     pools = serializers.ListField(
         child=PoolSlugField(),
         required=False,
-        help_text="Slugs of the pools the token may call; empty or omitted means all pools.",
+        help_text="Slugs of the pools a client token may call; empty or omitted means all pools "
+        "(staff only: everyone else names pools of the token's project).",
     )
     created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True, help_text="Who issued it."
@@ -44,6 +69,9 @@ class ApiTokenSerializer(serializers.ModelSerializer):
         fields = [
             "id",
             "name",
+            "kind",
+            "access",
+            "project",
             "prefix",
             "all_pools",
             "pools",
@@ -56,6 +84,30 @@ class ApiTokenSerializer(serializers.ModelSerializer):
             "expired",
         ]
         read_only_fields = ["prefix", "all_pools", "created_at", "last_used_at", "revoked_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Check the kind's own fields, and that the issuer may reach what the token names."""
+        user = self.context["request"].user
+        admin = attrs.get("kind") == scopes.TokenKind.ADMIN
+        pools = attrs.get("pools") or []
+        if admin and pools:
+            raise serializers.ValidationError({"pools": "An admin token names no pool."})
+        if not admin and attrs.get("access"):
+            raise serializers.ValidationError({"access": "A client token has no admin access."})
+        project = attrs.get("project") or Project.objects.get(pk=default_project_pk())
+        access.require_change(user, project.name)
+        if not admin and not access.is_staff(user):
+            if not pools:
+                raise serializers.ValidationError(
+                    {"pools": "Name the pools of the project that the token may call."}
+                )
+            outside = sorted(set(pools) - set(project.pools.values_list("slug", flat=True)))
+            if outside:
+                raise serializers.ValidationError(
+                    {"pools": f"Not pools of the project {project.name}: {', '.join(outside)}."}
+                )
+        attrs["project"] = project
+        return attrs
 
     def validate_expires_at(self, expires_at: datetime | None) -> datetime | None:
         if expires_at is not None and expires_at <= timezone.now():
@@ -77,6 +129,11 @@ class IssuedApiTokenSerializer(ApiTokenSerializer):
     def create(self, validated_data: dict[str, Any]) -> ApiToken:
         token, self.secret = ApiToken.issue(
             validated_data["name"],
+            kind=scopes.TokenKind(validated_data["kind"]),
+            access=scopes.AdminAccess(validated_data["access"])
+            if validated_data.get("access")
+            else None,
+            project=validated_data["project"],
             pools=validated_data.get("pools"),
             expires_at=validated_data.get("expires_at"),
             created_by=self.context["request"].user,

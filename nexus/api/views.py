@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, permissions, viewsets
+from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
+from nexus import access
 from nexus.api import schema  # noqa: F401  (registers the token scheme with the OpenAPI schema)
 from nexus.api.serializers import ApiTokenSerializer, IssuedApiTokenSerializer
-from nexus.auth import StaffWritesAuthenticatedReads
 from nexus.models import ApiToken
-
-
-class NotLimitedToPools(permissions.BasePermission):
-    """Refuse tokens limited to some pools: they could otherwise mint wider ones."""
-
-    message = "A token limited to some pools cannot manage tokens."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return not (isinstance(request.auth, ApiToken) and not request.auth.all_pools)
 
 
 class ApiTokenViewSet(
@@ -32,10 +22,20 @@ class ApiTokenViewSet(
     mixins.RetrieveModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Client tokens: the secret is returned once, on issue; afterwards list, inspect, revoke."""
+    """Tokens of the caller's projects (staff: all): the secret is returned once, on issue;
+    afterwards list, inspect, revoke."""
 
-    queryset = ApiToken.objects.select_related("created_by")
-    permission_classes = [StaffWritesAuthenticatedReads, NotLimitedToPools]
+    permission_classes = [access.ProjectRoles]
+
+    def get_queryset(self) -> QuerySet[ApiToken]:
+        tokens = ApiToken.objects.select_related("created_by", "project")
+        user = self.request.user
+        if access.is_staff(user):
+            return tokens
+        return tokens.filter(project__in=access.visible_projects(user))
+
+    def project_of(self, token: ApiToken) -> str | None:
+        return token.project.name if token.project else None
 
     def get_serializer_class(self) -> type[BaseSerializer[ApiToken]]:
         return IssuedApiTokenSerializer if self.action == "create" else ApiTokenSerializer

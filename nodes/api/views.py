@@ -7,29 +7,17 @@ from typing import Any
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import permissions, status, viewsets
+from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from nexus.auth import StaffWritesAuthenticatedReads
-from nexus.models import ApiToken
 from nodes import services
 from nodes.api.serializers import ConfirmSerializer, NodeModelSerializer, NodeSerializer
 from nodes.models import Node
 
 REFUSED = {400: OpenApiTypes.OBJECT}
-
-
-class NotLimitedToPoolsForWrites(permissions.BasePermission):
-    """Let a token limited to some pools read the fleet but never change it."""
-
-    message = "A token limited to some pools cannot change nodes."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        if request.method in permissions.SAFE_METHODS:
-            return True
-        return not (isinstance(request.auth, ApiToken) and not request.auth.all_pools)
 
 
 def _refused(error: services.NodeError, code: int = status.HTTP_400_BAD_REQUEST) -> Response:
@@ -47,7 +35,7 @@ class NodeViewSet(viewsets.ModelViewSet):
     serializer_class = NodeSerializer
     lookup_field = "name"
     lookup_value_regex = r"[-a-zA-Z0-9_]+"
-    permission_classes = [StaffWritesAuthenticatedReads, NotLimitedToPoolsForWrites]
+    permission_classes = [StaffWritesAuthenticatedReads]
     # No PUT: the credential is write-only, so a full replacement would have to repeat it.
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 

@@ -8,7 +8,8 @@ from django.db.models import QuerySet
 from rest_framework import serializers
 from rest_framework.request import Request
 
-from nexus.models import ApiToken
+from nexus import access
+from nexus.api.serializers import ProjectField
 from nodes.models import Node
 from pools.models import (
     Pool,
@@ -24,11 +25,8 @@ SLUG_IMMUTABLE = "A pool's slug cannot change: apps call it as @pool/<slug>."
 
 
 def visible_pools(request: Request) -> QuerySet[Pool]:
-    """Return the pools the caller may see: a token limited to some pools sees only those."""
-    pools = Pool.objects.all()
-    if isinstance(request.auth, ApiToken) and not request.auth.all_pools:
-        pools = pools.filter(slug__in=request.auth.pools)
-    return pools
+    """Return the pools the caller may see: those of their projects (staff: all)."""
+    return Pool.objects.filter(project__in=access.visible_projects(request.user))
 
 
 class VisiblePoolField(serializers.SlugRelatedField):
@@ -142,6 +140,7 @@ class PoolSerializer(serializers.ModelSerializer):
     """A pool, its routing policy and its targets."""
 
     model_name = serializers.CharField(read_only=True, help_text="The name apps put in `model`.")
+    project = ProjectField(required=False)
     targets = PoolTargetSerializer(many=True, read_only=True)
 
     class Meta:
@@ -149,6 +148,7 @@ class PoolSerializer(serializers.ModelSerializer):
         fields = [
             "slug",
             "name",
+            "project",
             "model_name",
             "description",
             "compatibility_mode",

@@ -9,7 +9,10 @@ from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
 
+from nexus import access
+from nexus.models import Project, default_project_pk
 from pools import services
 from pools.api.serializers import (
     DryRunSerializer,
@@ -27,10 +30,27 @@ class PoolViewSet(viewsets.ModelViewSet):
     """Pools, each with its targets embedded; the slug is fixed once created."""
 
     serializer_class = PoolSerializer
+    permission_classes = [access.ProjectRoles]
     lookup_field = "slug"
 
     def get_queryset(self) -> QuerySet[Pool]:
-        return visible_pools(self.request).prefetch_related("targets", "targets__node")
+        pools = visible_pools(self.request).select_related("project")
+        return pools.prefetch_related("targets", "targets__node")
+
+    def project_of(self, pool: Pool) -> str:
+        return pool.project.name
+
+    def perform_create(self, serializer: BaseSerializer[Pool]) -> None:
+        project = serializer.validated_data.get("project") or Project.objects.get(
+            pk=default_project_pk()
+        )
+        access.require_change(self.request.user, project.name)
+        serializer.save(project=project)
+
+    def perform_update(self, serializer: BaseSerializer[Pool]) -> None:
+        if (project := serializer.validated_data.get("project")) is not None:
+            access.require_change(self.request.user, project.name)
+        serializer.save()
 
     @extend_schema(request=DryRunSerializer, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"], url_path="dry-run")
@@ -57,13 +77,26 @@ class TargetViewSet(viewsets.ModelViewSet):
     """Targets of every pool; the credential is write-only."""
 
     serializer_class = TargetSerializer
+    permission_classes = [access.ProjectRoles]
 
     def get_queryset(self) -> QuerySet[Target]:
         targets = Target.objects.filter(pool__in=visible_pools(self.request))
-        targets = targets.select_related("pool", "node")
+        targets = targets.select_related("pool__project", "node")
         if pool := self.request.query_params.get("pool"):
             targets = targets.filter(pool__slug=pool)
         return targets
+
+    def project_of(self, target: Target) -> str:
+        return target.pool.project.name
+
+    def perform_create(self, serializer: BaseSerializer[Target]) -> None:
+        access.require_change(self.request.user, serializer.validated_data["pool"].project.name)
+        serializer.save()
+
+    def perform_update(self, serializer: BaseSerializer[Target]) -> None:
+        if (pool := serializer.validated_data.get("pool")) is not None:
+            access.require_change(self.request.user, pool.project.name)
+        serializer.save()
 
     @extend_schema(request=None, responses=TargetSerializer)
     @action(detail=True, methods=["post"])
@@ -88,6 +121,10 @@ class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
     """Routing history, newest first; one record, by request id, carries the full decision."""
 
     lookup_field = "request_id"
+    permission_classes = [access.ProjectRoles]
+
+    def project_of(self, record: RoutingRecord) -> str:
+        return record.pool.project.name
 
     def get_serializer_class(self) -> type[RoutingRecordSerializer]:
         if self.action == "retrieve":
@@ -102,7 +139,7 @@ class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> QuerySet[RoutingRecord]:
         records = RoutingRecord.objects.filter(pool__in=visible_pools(self.request))
-        records = records.select_related("pool").order_by("-created_at", "-id")
+        records = records.select_related("pool__project").order_by("-created_at", "-id")
         if self.action != "list":
             return records
         filters = HistoryFilterSerializer(data=self.request.query_params)

@@ -3,8 +3,6 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-import nexus.models
-
 
 def existing_pools_into_the_default_project(apps, schema_editor):
     """Pools made before projects belong to the default project."""
@@ -31,6 +29,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='pool',
             name='project',
-            field=models.ForeignKey(default=nexus.models.default_project_pk, help_text='Whose members manage the pool and see it.', on_delete=django.db.models.deletion.PROTECT, related_name='pools', to='nexus.project'),
+            field=models.ForeignKey(help_text='Whose members manage the pool and see it; the default project when unset.', on_delete=django.db.models.deletion.PROTECT, related_name='pools', to='nexus.project'),
         ),
     ]

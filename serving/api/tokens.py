@@ -11,10 +11,10 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.serializers import BaseSerializer
 
-from nexus.api.views import NotLimitedToPools
-from nexus.auth import StaffWritesAuthenticatedReads
+from nexus import access
 from nexus.models import ApiToken
 from serving import tokens
+from serving.api.views import visible_services
 from serving.models import Service, ServiceLifecycle
 
 
@@ -99,18 +99,28 @@ class ServiceTokenViewSet(
     """A service's tokens: the secret is returned once, on issue; listed as valid, expired or
     revoked; DELETE revokes (the row stays, listed as revoked)."""
 
-    permission_classes = [StaffWritesAuthenticatedReads, NotLimitedToPools]
+    permission_classes = [access.ProjectRoles]
     lookup_value_regex = r"\d+"
 
     def get_service(self) -> Service:
-        """Return the live service named in the URL, or answer 404."""
+        """Return the live service named in the URL among the caller's, or answer 404."""
         name = self.kwargs["service_name"]
         service = (
-            Service.objects.filter(name=name).exclude(lifecycle=ServiceLifecycle.DESTROYED).first()
+            visible_services(self.request)
+            .filter(name=name)
+            .exclude(lifecycle=ServiceLifecycle.DESTROYED)
+            .first()
         )
         if service is None:
             raise NotFound(f"No service named {name!r}.")
         return service
+
+    def project_of(self, token: ApiToken) -> str:
+        return self.get_service().project
+
+    def perform_create(self, serializer: BaseSerializer[ApiToken]) -> None:
+        access.require_change(self.request.user, serializer.context["service"].project)
+        serializer.save()
 
     def get_queryset(self) -> list[ApiToken]:  # type: ignore[override]
         return tokens.service_tokens(self.get_service())

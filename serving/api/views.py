@@ -18,7 +18,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -26,7 +26,9 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from nexus.models import ApiToken
+from nexus import access
+from nexus.auth import ApiTokenAuthentication
+from nexus.models import DEFAULT_PROJECT, project_named
 from serving import folders, services
 from serving.api.serializers import (
     FileEntrySerializer,
@@ -88,23 +90,61 @@ class ModelFolderViewSet(
 ):
     """Model folders: created with an empty directory, deleted with every file in it."""
 
-    queryset = ModelFolder.objects.select_related("owner")
     serializer_class = ModelFolderSerializer
+    permission_classes = [access.ProjectRoles]
     lookup_field = "name"
     lookup_value_regex = r"[^/]+"
 
+    def get_queryset(self) -> QuerySet[ModelFolder]:
+        return visible_folders(self.request).select_related("owner")
+
+    def project_of(self, folder: ModelFolder) -> str:
+        return folder.project
+
     def perform_create(self, serializer: BaseSerializer[ModelFolder]) -> None:
+        project = serializer.validated_data.get("project", DEFAULT_PROJECT)
+        if not sees_project(self.request, project):
+            raise ValidationError({"project": [f"No project is named {project!r}."]})
+        access.require_change(self.request.user, project)
         serializer.save(owner=self.request.user)
 
     def perform_destroy(self, instance: ModelFolder) -> None:
         folders.delete_folder(instance)
 
 
+def in_visible_projects(request: Request, found: QuerySet[Any]) -> QuerySet[Any]:
+    """Keep the rows (services, model folders: they name their project) the caller sees."""
+    if access.is_staff(request.user):
+        return found
+    names = access.visible_projects(request.user).values_list("name", flat=True)
+    return found.filter(project__in=names)
+
+
+def sees_project(request: Request, name: str) -> bool:
+    """Say whether the project exists for the caller (the default one always exists)."""
+    project = project_named(name)
+    return (
+        project is not None and access.visible_projects(request.user).filter(pk=project.pk).exists()
+    )
+
+
+def visible_folders(request: Request) -> QuerySet[ModelFolder]:
+    """Return the model folders of the caller's projects (staff: all)."""
+    return in_visible_projects(request, ModelFolder.objects.all())
+
+
 class FolderFilesMixin(FolderErrorsAsResponses):
-    """Find the folder named in the URL."""
+    """Find the folder named in the URL, among the caller's; changing it needs a changing role."""
+
+    permission_classes = [access.ProjectRoles]
+
+    def project_of(self, folder: ModelFolder) -> str:
+        return folder.project
 
     def get_folder(self) -> ModelFolder:
-        return get_object_or_404(ModelFolder, name=self.kwargs["name"])
+        folder = get_object_or_404(visible_folders(self.request), name=self.kwargs["name"])
+        self.check_object_permissions(self.request, folder)
+        return folder
 
 
 class ModelFolderFilesView(FolderFilesMixin, GenericAPIView):
@@ -246,13 +286,15 @@ def field_problems(errors: Any, path: str) -> Iterator[LaunchProblem]:
 
 
 def visible_services(request: Request) -> QuerySet[Service]:
-    """Return the services the caller may see: a token limited to some pools sees none.
+    """Return the services of the caller's projects (staff: all)."""
+    return in_visible_projects(request, Service.objects.all())
 
-    (Service tokens never get here: the admin API refuses them.)
-    """
-    if isinstance(request.auth, ApiToken) and not request.auth.all_pools:
-        return Service.objects.none()
-    return Service.objects.all()
+
+def require_project_change(request: Request, project: str) -> None:
+    """Refuse a change in a project the caller may not change: 400 when they do not see it."""
+    if not sees_project(request, project):
+        raise LaunchError([LaunchProblem("", "project", f"no project is named {project!r}")])
+    access.require_change(request.user, project)
 
 
 PROBLEMS = OpenApiResponse(ProblemsSerializer, description="Every problem, each at its path.")
@@ -285,6 +327,7 @@ class ServiceViewSet(
     """Model services by name: declare, change (a new revision, or a scale), delete."""
 
     serializer_class = ServiceSerializer
+    permission_classes = [access.ProjectRoles]
     lookup_field = "name"
     lookup_value_regex = r"[-A-Za-z0-9_]+"
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
@@ -312,6 +355,9 @@ class ServiceViewSet(
         self.check_object_permissions(self.request, service)
         return service
 
+    def project_of(self, service: Service) -> str:
+        return service.project
+
     def detail_response(self, service: Service, status_code: int = 200) -> Response:
         fresh = (
             self.get_queryset()
@@ -334,6 +380,7 @@ class ServiceViewSet(
     def create(self, request: Request) -> Response:
         """Declare a service; its first revision is resolved from the folder and settings now."""
         data = checked(ServiceCreateSerializer(data=request.data))
+        require_project_change(request, data["project"])
         owner = request.user if request.user.is_authenticated else None
         service = services.create_service(owner=owner, **data)
         return self.detail_response(service, status.HTTP_201_CREATED)
@@ -391,16 +438,20 @@ class ResourcePresetViewSet(
 
 
 class ChecksForEveryone(permissions.BasePermission):
-    """Any signed-in user or token may check a definition: checking changes nothing."""
+    """Any signed-in user or admin token may check a definition: checking changes nothing."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        return bool(request.auth is not None or request.user.is_authenticated)
+        return bool(request.user and request.user.is_authenticated)
 
 
 class ModelDefinitionSchemaView(APIView):
-    """The JSON Schema of model-definition.yaml, public so that editors can fetch it."""
+    """The JSON Schema of model-definition.yaml, public so that editors can fetch it.
 
-    authentication_classes: list[Any] = []
+    Anonymous callers read it; a token is still checked, so a client token is refused here as
+    on every admin API route.
+    """
+
+    authentication_classes = [ApiTokenAuthentication]
     permission_classes = [permissions.AllowAny]
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})

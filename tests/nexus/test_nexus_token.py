@@ -13,8 +13,9 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from nexus.models import ApiToken, hash_token
-from tests.nexus.factories import make_pool
+from tests.nexus.factories import make_pool, make_user
 from tests.support.live import REPO_ROOT, server_environment
+from tests.support.personas import bearer
 
 
 def nexus_token(*args: str) -> tuple[str, str]:
@@ -46,6 +47,25 @@ def test_create_without_pools_covers_all_pools() -> None:
 
 
 @pytest.mark.django_db
+def test_create_issues_an_admin_token_that_acts_as_its_user() -> None:
+    make_user("ops", staff=True)
+
+    out, _ = nexus_token(
+        "create", "--name", "ci", "--kind", "admin", "--scope", "write", "--user", "ops"
+    )
+
+    token = ApiToken.objects.get()
+    assert token.token_hash == hash_token(out.strip())
+    assert (token.kind, token.access, token.all_pools, token.created_by.username) == (
+        "admin",
+        "write",
+        False,
+        "ops",
+    )
+    assert bearer(out.strip()).patch("/api/v1/pools/nope/", {}).status_code == 404
+
+
+@pytest.mark.django_db
 def test_an_expiry_date_is_the_last_day_the_token_works() -> None:
     day = timezone.localdate() + timedelta(days=30)
 
@@ -65,6 +85,14 @@ def test_an_expiry_date_is_the_last_day_the_token_works() -> None:
         (["--pool", "nope"], "No pool has the slug nope."),
         (["--expires", "31/12/2030"], "--expires '31/12/2030' is not a date (YYYY-MM-DD)."),
         (["--expires", "2020-01-01"], "--expires 2020-01-01 is in the past."),
+        (["--kind", "admin"], "An admin token acts as a user: name them with --user."),
+        (
+            ["--kind", "admin", "--pool", "chat"],
+            "An admin token names no pool (--pool is for client tokens).",
+        ),
+        (["--scope", "write"], "--scope is for admin tokens (--kind admin)."),
+        (["--kind", "admin", "--user", "nobody"], "No user is named 'nobody'."),
+        (["--project", "nope"], "No project is named 'nope'."),
     ],
 )
 def test_create_refuses_mistakes(args: list[str], message: str) -> None:
@@ -85,9 +113,19 @@ def test_list_shows_tokens_without_secrets() -> None:
     out, _ = nexus_token("list")
 
     assert [re.split(r"\s{2,}", line) for line in out.splitlines()] == [
-        ["ID", "NAME", "PREFIX", "SCOPE", "EXPIRES", "LAST USED", "STATE"],
-        [str(active.pk), "ci", active.prefix, "chat", "never", "-", "active"],
-        [str(revoked.pk), "old", revoked.prefix, "all pools", "never", "-", "revoked"],
+        ["ID", "NAME", "KIND", "PROJECT", "PREFIX", "SCOPE", "EXPIRES", "LAST USED", "STATE"],
+        [str(active.pk), "ci", "client", "-", active.prefix, "chat", "never", "-", "active"],
+        [
+            str(revoked.pk),
+            "old",
+            "client",
+            "-",
+            revoked.prefix,
+            "all pools",
+            "never",
+            "-",
+            "revoked",
+        ],
     ]
     assert secret not in out
 

@@ -22,6 +22,7 @@ from pytest_django.fixtures import Settings
 
 from nexus.asgi import application
 from nexus.models import ApiToken
+from nexus.scopes import AdminAccess, TokenKind
 from serving import folders
 from serving.models import ModelFolder
 from tests.nexus.factories import make_user
@@ -160,7 +161,12 @@ def test_a_2_gb_upload_is_refused_at_its_headers_and_nothing_is_written(
     settings.DATA_DIR = tmp_path / "data"
     settings.DATA_DIR.mkdir()
     folder = folders.create_folder(ModelFolder(name="llama", owner=make_user("owner")))
-    _, token = ApiToken.issue("ci", created_by=make_user("robot", staff=True))
+    _, token = ApiToken.issue(
+        "ci",
+        kind=TokenKind.ADMIN,
+        access=AdminAccess.WRITE,
+        created_by=make_user("robot", staff=True),
+    )
     with running(server, tmp_path) as url:
         # When a client declares a 2 GB upload and sends nothing more
         answer = declare_without_sending(url, UPLOAD, 2 * GB, token)

@@ -6,11 +6,13 @@ import pytest
 from rest_framework.test import APIClient
 
 from nexus.models import ApiToken
+from nexus.scopes import TokenKind
 from nodes import services
 from nodes.models import Node, NodeTrust
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import SIM_MODEL, serve_simulator, stop_process, trusted_node
 from tests.support.agent import RunningAgent
+from tests.support.personas import bearer
 from tests.support.simulator import free_port
 
 pytestmark = pytest.mark.django_db
@@ -199,14 +201,19 @@ def test_an_outsider_sees_nothing(outsider: APIClient) -> None:
     assert outsider.get("/api/v1/nodes/").status_code == 401
 
 
-def test_a_token_limited_to_some_pools_cannot_change_the_fleet(agent_one: RunningAgent) -> None:
+def test_a_read_only_admin_token_reads_the_fleet_but_cannot_change_it(
+    agent_one: RunningAgent,
+) -> None:
     services.add_node("gpu-1", agent_one.url, agent_one.credential)
-    _, secret = ApiToken.issue("narrow", pools=["chat"], created_by=make_user("a", staff=True))
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    staff = make_user("a", staff=True)
+    _, secret = ApiToken.issue("reader", kind=TokenKind.ADMIN, created_by=staff)
+    _, app_secret = ApiToken.issue("app", created_by=staff)
 
-    assert client.get("/api/v1/nodes/gpu-1/").status_code == 200
-    refused = client.post("/api/v1/nodes/gpu-1/reject/")
+    assert bearer(secret).get("/api/v1/nodes/gpu-1/").status_code == 200
+    assert bearer(app_secret).get("/api/v1/nodes/gpu-1/").status_code == 403
+    refused = bearer(secret).post("/api/v1/nodes/gpu-1/reject/")
 
     assert refused.status_code == 403
-    assert refused.json() == {"detail": "A token limited to some pools cannot change nodes."}
+    assert refused.json() == {
+        "detail": "This admin token may only read; changes need an admin token with write access."
+    }

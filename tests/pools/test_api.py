@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from nexus.models import ApiToken
+from nexus.models import ApiToken, Project, Role
+from nexus.scopes import TokenKind
 from pools.api.serializers import SLUG_IMMUTABLE
 from pools.models import Pool, Target
 from tests.nexus.factories import make_pool, make_target, make_user
+from tests.support.personas import add_member, signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -16,8 +18,10 @@ PROVIDER_KEY = "sk-provider-0123456789abcdef"
 
 
 def token_client(**scope: object) -> APIClient:
-    """Return a client that calls with a token issued by a staff user."""
-    _, secret = ApiToken.issue("automation", created_by=make_user("robot", staff=True), **scope)
+    """Return a client that calls with an admin token issued by a staff user."""
+    _, secret = ApiToken.issue(
+        "automation", kind=TokenKind.ADMIN, created_by=make_user("robot", staff=True), **scope
+    )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
     return client
@@ -200,7 +204,7 @@ def test_a_target_needs_an_existing_pool(owner: APIClient) -> None:
     assert response.json() == {"pool": ["Object with slug=nope does not exist."]}
 
 
-def test_a_token_holder_reads_pools() -> None:
+def test_an_admin_token_holder_reads_pools() -> None:
     make_pool("chat")
 
     response = token_client().get("/api/v1/pools/")
@@ -209,10 +213,13 @@ def test_a_token_holder_reads_pools() -> None:
     assert [pool["slug"] for pool in response.json()["results"]] == ["chat"]
 
 
-def test_a_token_limited_to_some_pools_sees_only_those() -> None:
-    make_target(make_pool("chat"), "a")
-    other = make_target(make_pool("embed"), "b")
-    client = token_client(pools=["chat"])
+def test_a_member_sees_only_their_projects_pools() -> None:
+    ours, theirs = Project.objects.create(name="ours"), Project.objects.create(name="theirs")
+    make_target(make_pool("chat", project=ours), "a")
+    other = make_target(make_pool("embed", project=theirs), "b")
+    member = make_user("member")
+    add_member(ours, member, Role.MEMBER)
+    client = signed_in(member)
 
     assert [p["slug"] for p in client.get("/api/v1/pools/").json()["results"]] == ["chat"]
     assert [t["name"] for t in client.get("/api/v1/targets/").json()["results"]] == ["a"]

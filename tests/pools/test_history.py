@@ -16,12 +16,13 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from nexus.models import ApiToken
+from nexus.models import Project, Role
 from pools import history_retention, tasks
 from pools.gateway import history, metrics
 from pools.gateway.history import HistoryRow, HistoryWriter
 from pools.models import Pool, RoutingOutcome, RoutingRecord, Target
 from tests.nexus.factories import make_pool, make_target, make_user
+from tests.support.personas import add_member, signed_in
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DECISION = {
@@ -386,12 +387,13 @@ def test_one_request_is_looked_up_by_its_id_with_the_full_decision(teammate: API
 
 
 @pytest.mark.django_db
-def test_a_token_limited_to_a_pool_sees_only_that_pools_history(
-    two_pools: tuple[Pool, Pool],
-) -> None:
-    _, secret = ApiToken.issue("code-only", pools=["code"], created_by=make_user("robot"))
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+def test_a_member_sees_only_their_projects_history(two_pools: tuple[Pool, Pool]) -> None:
+    chat, code = two_pools
+    code.project = Project.objects.create(name="code")
+    code.save()
+    member = make_user("coder")
+    add_member(code.project, member, Role.VIEWER)
+    client = signed_in(member)
 
     assert listed(client) == [5]
     assert client.get(f"/api/v1/history/{1:032x}/").status_code == 404

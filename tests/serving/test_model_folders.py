@@ -14,6 +14,7 @@ from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
 
 from nexus.models import ApiToken
+from nexus.scopes import AdminAccess, TokenKind
 from serving import folders
 from serving.models import ModelFolder
 from tests.nexus.factories import make_user
@@ -592,9 +593,14 @@ def test_a_session_upload_without_its_csrf_token_is_refused_and_leaves_nothing()
     assert on_disk(folder) == []
 
 
-def test_a_staff_token_uploads_without_a_session() -> None:
+def test_a_staff_admin_token_uploads_without_a_session() -> None:
     folder = make_folder("llama")
-    _, secret = ApiToken.issue("ci", created_by=make_user("robot", staff=True))
+    _, secret = ApiToken.issue(
+        "ci",
+        kind=TokenKind.ADMIN,
+        access=AdminAccess.WRITE,
+        created_by=make_user("robot", staff=True),
+    )
     robot = APIClient()
     robot.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
 

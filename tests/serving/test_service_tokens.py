@@ -17,6 +17,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from nexus.models import ApiToken, hash_token
+from nexus.scopes import AdminAccess, TokenKind
 from pools.models import Pool, Target
 from serving import tokens
 from serving.models import Service, ServiceLifecycle
@@ -198,8 +199,8 @@ def test_a_service_token_cannot_use_the_admin_api(owner: APIClient) -> None:
     issued = client.post("/api/v1/services/chat/tokens/", {"name": "a", "expires_at": tomorrow()})
     pools = client.get("/api/v1/pools/")
 
-    assert (listed.status_code, issued.status_code, pools.status_code) == (401, 401, 401)
-    assert "calls its service" in pools.json()["detail"]
+    assert (listed.status_code, issued.status_code, pools.status_code) == (403, 403, 403)
+    assert "calls inference only" in pools.json()["detail"]
 
 
 @pytest.mark.django_db
@@ -258,7 +259,12 @@ def live(committed_db, django_db_blocker, tmp_path_factory) -> Iterator[Live]:
     thread.start()
     with django_db_blocker.unblock():
         make_service("hello", base_url=f"http://127.0.0.1:{replica.server_address[1]}")
-        _, admin_token = ApiToken.issue("admin", created_by=make_user("admin", staff=True))
+        _, admin_token = ApiToken.issue(
+            "admin",
+            kind=TokenKind.ADMIN,
+            access=AdminAccess.WRITE,
+            created_by=make_user("admin", staff=True),
+        )
     try:
         with running_nexus(tmp_path_factory.mktemp("tokens"), NEXUS_LEDGER="memory") as nexus:
             yield Live(nexus, admin_token)

@@ -28,7 +28,8 @@ from serving.models import (
     ServiceLifecycle,
 )
 from tests.deployments.factories import make_node
-from tests.nexus.factories import make_pool
+from tests.nexus.factories import make_pool, make_user
+from tests.support.personas import signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -518,16 +519,19 @@ def test_the_list_filters_by_lifecycle(teammate: APIClient) -> None:
     assert problems(wrong) == [("", "lifecycle", "must be active or destroyed")]
 
 
-def test_a_service_token_cannot_read_the_admin_api_and_a_pool_token_sees_no_service() -> None:
+def test_client_tokens_cannot_read_the_admin_api_and_an_outsider_sees_no_service() -> None:
     make_service("mine")
     _, service_secret = ApiToken.issue("app", services=["mine"])
     _, pool_secret = ApiToken.issue("client", pools=["chat"])
+    outsider = make_user("stranger")
 
     as_service = APIClient(HTTP_AUTHORIZATION=f"Bearer {service_secret}").get(SERVICES)
     as_pool = APIClient(HTTP_AUTHORIZATION=f"Bearer {pool_secret}").get(SERVICES)
+    as_outsider = signed_in(outsider)
 
-    assert as_service.status_code == 401
-    assert as_pool.json()["results"] == []
+    assert (as_service.status_code, as_pool.status_code) == (403, 403)
+    assert as_outsider.get(SERVICES).json()["results"] == []
+    assert as_outsider.get(f"{SERVICES}mine/").status_code == 404
 
 
 def test_the_detail_counts_ready_replicas_and_shows_routes_with_their_errors(
