@@ -11,6 +11,7 @@ import httpx
 from django.db import transaction
 from django.utils import timezone
 
+from nexus.models import DEFAULT_PROJECT, project_named
 from pools import live
 from pools.balancer.continuity import continuity_keys
 from pools.balancer.snapshot import Decision, RequestFacts
@@ -220,12 +221,14 @@ class ManagedTarget:
     draining: bool = False
 
 
-def ensure_managed_pool(slug: str, name: str) -> Pool:
-    """Return the managed pool of this slug, created if missing; refuse an operator's pool."""
+def ensure_managed_pool(slug: str, name: str, project: str = DEFAULT_PROJECT) -> Pool:
+    """Return the managed pool of this slug, created in the service's project if missing;
+    refuse an operator's pool."""
     pool, _ = Pool.objects.get_or_create(
         slug=slug,
         defaults={
             "name": name,
+            "project": project_named(project) or project_named(DEFAULT_PROJECT),
             "managed": True,
             "compatibility_mode": CompatibilityMode.EXACT_REPLICAS,
             "description": f"The replicas of model service {name}.",

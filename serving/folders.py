@@ -26,6 +26,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
 from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError
 from django.template.defaultfilters import filesizeformat
 
 from serving.models import ModelFolder, models_root
@@ -68,6 +69,12 @@ class FileMissing(FolderError):
 
 class DirectoryMissing(FolderError):
     """The folder is registered but its directory is gone from disk."""
+
+    status_code = 409
+
+
+class FolderInUse(FolderError):
+    """A service's revision reads the folder: it cannot be deleted before the service."""
 
     status_code = 409
 
@@ -167,9 +174,13 @@ def delete_folder(folder: ModelFolder) -> None:
     try:
         with transaction.atomic():
             folder.delete()
-    except BaseException:
+    except BaseException as error:
         if moved:
             os.rename(aside, root)
+        if isinstance(error, ProtectedError):
+            raise FolderInUse(
+                f"The folder {folder.name!r} is used by a service; delete the service first."
+            ) from None
         raise
     if not moved:
         return

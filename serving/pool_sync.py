@@ -37,7 +37,7 @@ def sync_service_pool(service: Service) -> bool:
         return False
     lifecycle, pool_id = stored
     if lifecycle == ServiceLifecycle.ACTIVE:
-        pool = pool_services.ensure_managed_pool(service.name, service.name)
+        pool = pool_services.ensure_managed_pool(service.name, service.name, service.project)
         if pool_id != pool.pk:
             Service.objects.filter(pk=service.pk).update(pool=pool)
             service.pool = pool

@@ -12,7 +12,7 @@ from rest_framework import serializers
 
 from nexus import access, scopes
 from nexus.choices import choices_of
-from nexus.models import ApiToken, Project, default_project_pk
+from nexus.models import ApiToken, Membership, Project, default_project_pk
 
 
 class ProjectField(serializers.SlugRelatedField):
@@ -139,3 +139,33 @@ class IssuedApiTokenSerializer(ApiTokenSerializer):
             created_by=self.context["request"].user,
         )
         return token
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    """A project; its name is fixed once created."""
+
+    class Meta:
+        model = Project
+        fields = ["name", "description", "created_at"]
+
+    def validate_name(self, name: str) -> str:
+        if self.instance is not None and name != self.instance.name:
+            raise serializers.ValidationError("A project's name cannot change.")
+        return name
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    """A user's role in a project, the user named by username."""
+
+    user: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", queryset=User.objects.filter(is_active=True)
+    )
+
+    class Meta:
+        model = Membership
+        fields = ["user", "role", "created_at"]
+
+    def validate_user(self, user: User) -> User:
+        if self.instance is not None and user != self.instance.user:
+            raise serializers.ValidationError("Remove the membership and add the other user.")
+        return user

@@ -379,8 +379,10 @@ class ServiceViewSet(
 
     def create(self, request: Request) -> Response:
         """Declare a service; its first revision is resolved from the folder and settings now."""
+        # The project first: a caller who may not launch there learns nothing from the body.
+        project = request.data.get("project", DEFAULT_PROJECT)
+        require_project_change(request, project if isinstance(project, str) else "")
         data = checked(ServiceCreateSerializer(data=request.data))
-        require_project_change(request, data["project"])
         owner = request.user if request.user.is_authenticated else None
         service = services.create_service(owner=owner, **data)
         return self.detail_response(service, status.HTTP_201_CREATED)
