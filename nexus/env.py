@@ -75,10 +75,26 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 def data_dir() -> Path:
-    """Return the data directory (created if missing): SQLite, secret key, bundled Redis."""
+    """Return the data directory (created if missing, mode 0700): SQLite, secret key, bundled
+    Redis. Its files hold session keys and token hashes, so nobody else may list or read them."""
     path = Path(os.environ.get("NEXUS_DATA_DIR", "var")).resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # An older install made it 0755: narrow it too.
+    path.chmod(0o700)
     return path
+
+
+def private_sqlite(path: Path) -> None:
+    """Create the SQLite database file with mode 0600 before SQLite does, and narrow an older one.
+
+    SQLite creates the WAL and shared-memory files with the database file's mode, so they
+    follow; the umask alone would leave all three readable by everyone (0644).
+    """
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for companion in ("", "-wal", "-shm", "-journal"):
+        file = path.with_name(path.name + companion)
+        if file.exists():
+            file.chmod(0o600)
 
 
 def persistent_secret(path: Path) -> str:

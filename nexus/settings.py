@@ -16,6 +16,7 @@ from nexus.env import (
     env_list,
     env_str,
     persistent_secret,
+    private_sqlite,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -95,6 +96,8 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    if DATABASES["default"]["NAME"] not in ("", ":memory:"):
+        private_sqlite(Path(DATABASES["default"]["NAME"]))
     # A file, not memory, so that live servers started by the tests share the test database.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
     DATABASES["default"]["OPTIONS"] = {
