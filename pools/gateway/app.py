@@ -51,6 +51,8 @@ ROUTING_HEADERS = frozenset(
 # than uuid4 per request.
 _REQUEST_ID_PREFIX = secrets.token_hex(8)
 _request_numbers = itertools.count(1)
+# The gateway that serves in this process, once it routed its first request (for /healthz).
+_serving: Gateway | None = None
 
 
 def new_request_id() -> str:
@@ -79,10 +81,30 @@ class Gateway:
         return self._state
 
     def router(self) -> Router:
+        global _serving
         if self._router is None:
             self._router = Router(self.state)
             self.state.start(self.registry)
+            _serving = self
         return self._router
+
+    def health(self) -> dict[str, Any]:
+        """Return how this gateway counts load and learns of revocations now, for /healthz."""
+        ledger = self.state.ledger_status().report()
+        if self.registry.revocations_announced():
+            revocations = {"status": "ok", "detail": "announced to this process at once"}
+        else:
+            revocations = {
+                "status": "degraded",
+                "detail": "Redis is unreachable: revocations take effect here with the next "
+                "configuration poll (about a second), and at once again when Redis returns",
+            }
+        degraded = "degraded" in (ledger["status"], revocations["status"])
+        return {
+            "status": "degraded" if degraded else "ok",
+            "ledger": ledger,
+            "revocations": revocations,
+        }
 
     async def aclose(self) -> None:
         """Stop background work and write buffered history (at shutdown, and in tests)."""
@@ -300,6 +322,11 @@ class Gateway:
     @staticmethod
     async def _respond_error(send: Send, error: GatewayError, request_id: str) -> None:
         await _send_bytes(send, error.status, error.body(), request_id, error.headers)
+
+
+def serving_health() -> dict[str, Any] | None:
+    """Return the health of the gateway serving in this process; None before its first request."""
+    return _serving.health() if _serving is not None else None
 
 
 def _credentials(scope: Scope) -> tuple[bytes, bytes]:
