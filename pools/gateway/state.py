@@ -74,6 +74,8 @@ class GatewayState:
         self._last_served: dict[int, float] = {}
         self._rng = random.Random()
         self._maintenance: asyncio.Task[None] | None = None
+        # Set when the shutdown grace ran out: requests cancelled from now on were cut by it.
+        self.cutting = False
 
     # -- a request's way ---------------------------------------------------------------------
 

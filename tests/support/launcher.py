@@ -30,9 +30,7 @@ class Launcher:
     def __init__(self, env: dict[str, str], output_file: Path | None = None) -> None:
         self.output_file = output_file
         with contextlib.ExitStack() as files:
-            stdout = (
-                files.enter_context(output_file.open("wb")) if output_file else subprocess.PIPE
-            )
+            stdout = files.enter_context(output_file.open("wb")) if output_file else subprocess.PIPE
             self.process = subprocess.Popen(
                 [sys.executable, "manage.py", "nexus_run"],
                 cwd=REPO_ROOT,
