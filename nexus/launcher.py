@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,21 @@ CRASH_LOOP_WINDOW_S = 60.0
 # Children stop in waves, lowest first; what was adopted (the bundled Redis) stops last.
 FIRST_WAVE = 0
 LAST_WAVE = 2
+
+
+# Connections the web server's listening socket queues before it accepts them. daphne (Twisted)
+# asks for 50 by default: a burst of more new connections overflows it, the kernel drops their
+# SYNs, and clients retry after 1, 3, 7, 15... s (measured in bench/soak.py: TTFT p99 of 70 s at
+# 500 streams). The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 1024
+
+
+def daphne_argv(host: str, port: int, app: str = "nexus.asgi:application") -> list[str]:
+    """Return the command that serves the app with daphne on host:port, with LISTEN_BACKLOG."""
+    # A Twisted endpoint string: colons in an IPv6 address are escaped.
+    interface = host.strip("[]").replace(":", "\\:")
+    endpoint = f"tcp:port={port}:interface={interface}:backlog={LISTEN_BACKLOG}"
+    return [sys.executable, "-m", "daphne", "-e", endpoint, app]
 
 
 class LaunchError(Exception):

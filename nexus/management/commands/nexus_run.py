@@ -30,6 +30,7 @@ from nexus.launcher import (
     LaunchError,
     StopRequested,
     Supervisor,
+    daphne_argv,
     http_answers,
     port_in_use,
 )
@@ -301,11 +302,7 @@ def start_processes(
         health = f"http://127.0.0.1:{port}/health"
         probes.append((supervisor.start(f"engine-{engine.name}", argv), health, (200,)))
     local_agent = start_local_agent(supervisor, agent, say)
-    web = supervisor.start(
-        "web",
-        [python, "-m", "daphne", "-b", settings.NEXUS_HOST, "-p", str(settings.NEXUS_PORT),
-         "nexus.asgi:application"],
-    )  # fmt: skip
+    web = supervisor.start("web", daphne_argv(settings.NEXUS_HOST, settings.NEXUS_PORT))
     # /healthz answers 503 while the worker's first heartbeat is due: the server is up anyway.
     probes.append((web, f"{local_url()}/healthz", (200, 503)))
     for child, url, statuses in probes:
