@@ -43,7 +43,8 @@ test: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 test: check $(VENV)/.installed-llama
 	$(PY) -m pytest
 
-## Measure the gateway's and the agent's overhead, the simulator, the balancer (decisions, quality).
+## Measure the gateway's and the agent's overhead, the simulator, the balancer (decisions, quality),
+## and a one-minute soak of 500 concurrent streams through one gateway process.
 bench: export NEXUS_DATA_DIR := $(BENCH_DATA_DIR)
 bench: $(VENV)/.installed-dev $(VENV)/.installed-llama
 	$(PY) bench/gateway_overhead.py
@@ -52,6 +53,7 @@ bench: $(VENV)/.installed-dev $(VENV)/.installed-llama
 	$(PY) bench/balancer_decision.py
 	$(PY) bench/balancing_quality.py
 	$(PY) bench/real_engine.py
+	$(PY) bench/soak.py
 
 $(PY):
 	@if [ -z "$(PYTHON)" ] || ! "$(PYTHON)" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \

@@ -283,8 +283,15 @@ class Stack:
             ports[slug] = port
         return ports
 
-    def nexus(self, tree: Path, label: str, engine_ports: dict[str, int]) -> dict[str, Server]:
-        """Start `tree`'s Nexus under every ASGI server, on a database of its own; by server."""
+    def nexus(
+        self,
+        tree: Path,
+        label: str,
+        engine_ports: dict[str, int],
+        servers: dict[str, Callable[[int, str], list[str]]] | None = None,
+    ) -> dict[str, Server]:
+        """Start `tree`'s Nexus under every ASGI server (or those given), on a database of its
+        own; by server."""
         from nexus import embedded_redis
         from nexus.env import bundled_redis_socket
 
@@ -296,8 +303,8 @@ class Stack:
         self.processes.append(embedded_redis.start(bundled_redis_socket(data_dir)))
         urls = {slug: f"http://127.0.0.1:{port}/v1" for slug, port in engine_ports.items()}
         token = configure_tree(tree, env, data_dir, urls)
-        servers = {}
-        for server, argv in SERVERS.items():
+        started = {}
+        for server, argv in (servers or SERVERS).items():
             port = free_port()
             name = f"{label}-{server}"
             process = self.start(
@@ -305,8 +312,8 @@ class Stack:
                 NEXUS_DATA_DIR=str(data_dir), PYTHONPATH=str(tree),
             )  # fmt: skip
             wait_http(f"http://127.0.0.1:{port}/healthz", process)
-            servers[server] = Server(f"{label}/{server}", port, "", process, token)
-        return servers
+            started[server] = Server(f"{label}/{server}", port, "", process, token)
+        return started
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from nexus import upload_guard  # noqa: E402
+from nexus import graceful, upload_guard  # noqa: E402
 from nexus.routing import websocket_urlpatterns  # noqa: E402
 from pools.gateway.app import Gateway, Receive, Send  # noqa: E402
 
@@ -25,6 +25,7 @@ gateway = Gateway()
 # A body larger than any upload is refused before it is read: Django would read it all first.
 guarded_django_app = upload_guard.guard(django_app)
 upload_guard.install_in_daphne()
+graceful.install_in_daphne(gateway.shutdown)
 
 
 async def http_router(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -38,6 +39,7 @@ async def http_router(scope: dict[str, Any], receive: Receive, send: Send) -> No
 application = ProtocolTypeRouter(
     {
         "http": http_router,
+        "lifespan": graceful.lifespan(gateway.shutdown),
         "websocket": AllowedHostsOriginValidator(
             # types-channels asks for its own private pattern type; Django's path() makes these.
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # type: ignore[arg-type]

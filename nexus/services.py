@@ -50,8 +50,9 @@ def health_report() -> tuple[bool, dict[str, Any]]:
         report["redis"] = {"status": "error", "error": type(exc).__name__}
         worker = {"status": "unknown", "detail": "Redis is unreachable"}
     report["worker"] = worker
-    healthy = report["database"]["status"] == "ok" and report["redis"]["status"] == "ok"
-    report["status"] = (
-        "ok" if healthy and worker["status"] == "ok" else ("degraded" if healthy else "error")
-    )
+    # Without Redis the gateway still serves (each process from its share of the targets), so
+    # only the database decides whether Nexus can serve.
+    healthy = report["database"]["status"] == "ok"
+    complete = report["redis"]["status"] == "ok" and worker["status"] == "ok"
+    report["status"] = "ok" if healthy and complete else ("degraded" if healthy else "error")
     return healthy, report

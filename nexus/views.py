@@ -7,6 +7,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_GET
 
 from nexus import services
+from pools import services as pool_services
 
 
 @require_GET
@@ -16,6 +17,12 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    """Report the database, Redis and worker; 503 only when Nexus cannot serve."""
+    """Report the database, Redis, worker and this process's gateway; 503 only when Nexus cannot
+    serve."""
     healthy, report = services.health_report()
+    gateway = pool_services.gateway_health()
+    if gateway is not None:
+        report["gateway"] = gateway
+        if gateway["status"] != "ok" and report["status"] == "ok":
+            report["status"] = "degraded"
     return JsonResponse(report, status=200 if healthy else 503)

@@ -330,3 +330,12 @@ def drain_finished(target_id: int, grace_s: float) -> bool:
 def drop_managed_pool(pool_id: int) -> None:
     """Delete a managed pool with its targets (its service is gone)."""
     Pool.objects.filter(pk=pool_id, managed=True).delete()
+
+
+def gateway_health() -> dict[str, Any] | None:
+    """Return the health of this process's gateway (its ledger, its revocations), None before
+    it served its first request."""
+    # Imported here: the gateway's modules import this one.
+    from pools.gateway.app import serving_health
+
+    return serving_health()

@@ -9,6 +9,7 @@ HTTP request on to one of the service's replicas as it came.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import json
@@ -51,6 +52,12 @@ ROUTING_HEADERS = frozenset(
 # than uuid4 per request.
 _REQUEST_ID_PREFIX = secrets.token_hex(8)
 _request_numbers = itertools.count(1)
+# At shutdown: how often the requests in flight are counted, and how long the ones cut at the end
+# of the grace get to record themselves (history, slots) before buffers are written.
+SHUTDOWN_POLL_S = 0.05
+SHUTDOWN_CUT_WAIT_S = 5.0
+# The gateway that serves in this process, once it routed its first request (for /healthz).
+_serving: Gateway | None = None
 
 
 def new_request_id() -> str:
@@ -70,6 +77,9 @@ class Gateway:
         self.max_body_bytes: int = settings.NEXUS_MAX_BODY_BYTES
         self._state = state
         self._router: Router | None = None
+        # Requests being answered, and whether a shutdown refuses new ones.
+        self._requests: set[asyncio.Task[Any]] = set()
+        self._draining = False
 
     @property
     def state(self) -> GatewayState:
@@ -79,10 +89,30 @@ class Gateway:
         return self._state
 
     def router(self) -> Router:
+        global _serving
         if self._router is None:
             self._router = Router(self.state)
             self.state.start(self.registry)
+            _serving = self
         return self._router
+
+    def health(self) -> dict[str, Any]:
+        """Return how this gateway counts load and learns of revocations now, for /healthz."""
+        ledger = self.state.ledger_status().report()
+        if self.registry.revocations_announced():
+            revocations = {"status": "ok", "detail": "announced to this process at once"}
+        else:
+            revocations = {
+                "status": "degraded",
+                "detail": "Redis is unreachable: revocations take effect here with the next "
+                "configuration poll (about a second), and at once again when Redis returns",
+            }
+        degraded = "degraded" in (ledger["status"], revocations["status"])
+        return {
+            "status": "degraded" if degraded else "ok",
+            "ledger": ledger,
+            "revocations": revocations,
+        }
 
     async def aclose(self) -> None:
         """Stop background work and write buffered history (at shutdown, and in tests)."""
@@ -90,14 +120,44 @@ class Gateway:
             await self._state.aclose()
         await self.registry.aclose()
 
+    async def shutdown(self, grace_s: float) -> None:
+        """Refuse new requests, let those in flight finish for up to grace_s, end the rest (a
+        stream with an error event), then write what is buffered and stop background work."""
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self._requests and loop.time() < deadline:
+            await asyncio.sleep(SHUTDOWN_POLL_S)
+        if self._requests:
+            self.state.cutting = True
+        for task in list(self._requests):
+            task.cancel()
+        if self._requests:
+            await asyncio.wait(list(self._requests), timeout=SHUTDOWN_CUT_WAIT_S)
+        await self.aclose()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = new_request_id()
+        task = asyncio.current_task()
+        assert task is not None
+        self._requests.add(task)
+        response = _Response(send)
         try:
-            await self._handle(scope, receive, send, request_id)
+            if self._draining:
+                raise errors.shutting_down()
+            await self._handle(scope, receive, response.send, request_id)
         except GatewayError as error:
             await self._respond_error(send, error, request_id)
         except ClientGone:
             return
+        except asyncio.CancelledError:
+            # Only the server cancels a request whose client is still there: at shutdown (ours
+            # after the grace, daphne's or uvicorn's own). Tell the client before going.
+            with contextlib.suppress(Exception):
+                await response.cut(request_id)
+            raise
+        finally:
+            self._requests.discard(task)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         path: str = scope["path"]
@@ -300,6 +360,43 @@ class Gateway:
     @staticmethod
     async def _respond_error(send: Send, error: GatewayError, request_id: str) -> None:
         await _send_bytes(send, error.status, error.body(), request_id, error.headers)
+
+
+class _Response:
+    """The answer's progress as sent, so that a shutdown can end it properly."""
+
+    __slots__ = ("_send", "ended", "sse", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = self.ended = self.sse = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.sse = any(
+                name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+                for name, value in message.get("headers", ())
+            )
+        elif not message.get("more_body", False):
+            self.ended = True
+        await self._send(message)
+
+    async def cut(self, request_id: str) -> None:
+        """End the answer now: a 503 if none began, an error event and the end of a stream."""
+        if not self.started:
+            error = errors.shutting_down()
+            await _send_bytes(self._send, error.status, error.body(), request_id, error.headers)
+        elif not self.ended:
+            if self.sse:
+                event = b"data: " + errors.cut_by_shutdown() + b"\n\n"
+                await self._send({"type": "http.response.body", "body": event, "more_body": True})
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def serving_health() -> dict[str, Any] | None:
+    """Return the health of the gateway serving in this process; None before its first request."""
+    return _serving.health() if _serving is not None else None
 
 
 def _credentials(scope: Scope) -> tuple[bytes, bytes]:

@@ -227,3 +227,23 @@ def unknown_route(method: str, path: str) -> GatewayError:
 
 def method_not_allowed(method: str, path: str) -> GatewayError:
     return GatewayError(405, f"{method} is not allowed on {path}.", code="method_not_allowed")
+
+
+def shutting_down() -> GatewayError:
+    return GatewayError(
+        503,
+        "This Nexus process is shutting down: send the request again (another process or the"
+        " restarted one takes it).",
+        code="shutting_down",
+        error_type="server_error",
+        headers=((b"connection", b"close"), (b"retry-after", b"1")),
+    )
+
+
+def cut_by_shutdown() -> bytes:
+    """Return the error event that ends a stream still running when the shutdown grace ran out."""
+    return error_body(
+        "The stream was ended: this Nexus process is shutting down and its grace period ran out.",
+        "server_error",
+        "shutting_down",
+    )

@@ -176,6 +176,11 @@ class Router:
             flight.failure_reason = error.message
             flight.outcome = _outcome_of(error)
             raise
+        except asyncio.CancelledError:
+            if self.state.cutting:
+                flight.outcome = RoutingOutcome.INTERRUPTED
+                flight.failure_reason = "ended by the shutdown of this Nexus process"
+            raise
         finally:
             target_name = flight.target.name if flight.target else None
             metrics.observe_request(

@@ -192,6 +192,9 @@ class Publisher:
             socket_connect_timeout=REDIS_TIMEOUT_S,
         )
         self._task: asyncio.Task[None] | None = None
+        # Gateway processes publishing at the last publication, this one included; the ledger
+        # divides capacity by it while Redis is away.
+        self.live_processes = 1
 
     def start(self, read: Callable[[str], GatewayReadings], affinity: Affinity) -> None:
         """Publish `read(process)` every interval, and answer questions with `affinity`."""
@@ -206,7 +209,9 @@ class Publisher:
             pipe.zadd(self._index, {self.process: expires})
             # Processes that stopped without a word leave the index once their reading expired.
             pipe.zremrangebyscore(self._index, "-inf", readings.published_at)
-            await pipe.execute()
+            pipe.zcard(self._index)
+            *_, live = await pipe.execute()
+        self.live_processes = max(1, int(live))
 
     async def aclose(self) -> None:
         """Stop publishing and withdraw the reading, so readers stop counting this process."""

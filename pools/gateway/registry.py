@@ -78,6 +78,11 @@ class Registry:
             self._listener = None
         await self.flush_token_usage()
 
+    def revocations_announced(self) -> bool:
+        """Say whether revocations reach this process at once (over Redis) rather than with the
+        next configuration poll."""
+        return self._listener is not None and self._listener.connected
+
     def revoke(self, token_hash: str) -> None:
         """Stop a revoked token now, before any snapshot shows it revoked."""
         # Kept even when the current snapshot lacks the token: one being read may hold it.

@@ -86,6 +86,8 @@ class Listener:
             settings.REDIS_URL, socket_connect_timeout=SUBSCRIBE_TIMEOUT_S
         )
         self._task: asyncio.Task[None] | None = None
+        # Whether announcements reach this process now (False while Redis is away).
+        self.connected = False
 
     async def start(self) -> None:
         """Subscribe (waiting for Redis to confirm, about a second at most), then listen."""
@@ -123,11 +125,13 @@ class Listener:
     async def _listen_forever(self, pubsub: aioredis.client.PubSub | None) -> None:
         # An outage is logged once when it starts and once when it ends, not at every retry.
         lost = pubsub is None
+        self.connected = not lost
         while True:
             try:
                 if pubsub is None:
                     pubsub = self._redis.pubsub()
                     await self._subscribe(pubsub)
+                    self.connected = True
                     if lost:
                         log.info("revocation announcements available again")
                         lost = False
@@ -135,6 +139,7 @@ class Listener:
                 if message is not None and message["type"] == "message":
                     await self._handle(message["data"])
             except (RedisError, OSError, TimeoutError):
+                self.connected = False
                 if not lost:
                     log.warning("revocation announcements interrupted (Redis unreachable)")
                     lost = True

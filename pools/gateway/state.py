@@ -32,7 +32,7 @@ from pools.balancer.strategies import decide
 from pools.gateway import metrics
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
 from pools.gateway.history import HistoryRow, HistoryWriter
-from pools.gateway.ledger import Lease, LedgerUnavailable, LoadLedger, build_ledger
+from pools.gateway.ledger import Lease, LedgerStatus, LoadLedger, build_ledger
 from pools.gateway.publish import GatewayReadings, Publisher, TargetReading
 from pools.gateway.registry import Registry
 from pools.gateway.snapshot import WARM_WINDOW_S, PoolEntry, Snapshot, TargetEntry
@@ -57,7 +57,7 @@ class GatewayState:
         budget: RetryBudget | None = None,
         publisher: Publisher | None = None,
     ):
-        self._ledger = ledger or build_ledger()
+        self._ledger = ledger or build_ledger(processes=self._live_processes)
         self._history = history or HistoryWriter()
         self._budget = budget or RetryBudget()
         self._publisher = publisher
@@ -74,6 +74,8 @@ class GatewayState:
         self._last_served: dict[int, float] = {}
         self._rng = random.Random()
         self._maintenance: asyncio.Task[None] | None = None
+        # Set when the shutdown grace ran out: requests cancelled from now on were cut by it.
+        self.cutting = False
 
     # -- a request's way ---------------------------------------------------------------------
 
@@ -232,6 +234,13 @@ class GatewayState:
 
     # -- what other processes see ----------------------------------------------------------
 
+    def ledger_status(self) -> LedgerStatus:
+        """Return how this process counts in-flight requests now (shared, or its own share)."""
+        return self._ledger.status()
+
+    def _live_processes(self) -> int:
+        return self._publisher.live_processes if self._publisher is not None else 1
+
     def readings(self, snapshot: Snapshot, process: str) -> GatewayReadings:
         """Return this process's live state for publication (pools.gateway.publish)."""
         now = time.monotonic()
@@ -324,8 +333,6 @@ class GatewayState:
                     await self._scrape(snapshot)
                 self._wake_queues(snapshot, now)
                 await self._finish_drains(snapshot)
-            except LedgerUnavailable:
-                log.warning("load ledger unreachable; keeping the last known counts")
             except Exception:
                 log.exception("gateway maintenance failed; retrying")
 

@@ -14,7 +14,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from nexus.env import env_choice
 from pools.gateway.ledger import (
-    LedgerUnavailable,
     LoadLedger,
     MemoryLedger,
     RedisLedger,
@@ -246,11 +245,16 @@ async def test_leases_live_under_the_configured_prefix(
         await client.aclose()
 
 
-async def test_an_unreachable_redis_is_reported_not_counted_as_full() -> None:
-    ledger = RedisLedger("redis://127.0.0.1:1/0", prefix="unreachable")
+async def test_an_unreachable_redis_admits_from_this_process_share_of_the_capacity() -> None:
+    ledger = RedisLedger("redis://127.0.0.1:1/0", prefix="unreachable", processes=lambda: 2)
     try:
-        with pytest.raises(LedgerUnavailable):
-            await ledger.try_acquire(TARGET, 1)
+        leases = [await ledger.try_acquire(TARGET, 5) for _ in range(3)]
+
+        assert [lease is not None for lease in leases] == [True, True, False]
+        status = ledger.status()
+        assert (status.shared, status.processes) == (False, 2)
+        assert status.report()["status"] == "degraded"
+        assert ledger.in_flight(TARGET) == 4  # this process's two, scaled to the whole
     finally:
         await ledger.aclose()
 

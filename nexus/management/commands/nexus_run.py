@@ -30,6 +30,7 @@ from nexus.launcher import (
     LaunchError,
     StopRequested,
     Supervisor,
+    daphne_argv,
     http_answers,
     port_in_use,
 )
@@ -114,7 +115,10 @@ class Command(BaseCommand):
         agent = LocalAgent(local_agent_port(ports), settings.DATA_DIR / "agent")
         check_ports_free(ports, agent.port)
         supervisor = Supervisor(
-            cwd=settings.BASE_DIR, env=child_environment(), log_dir=settings.DATA_DIR / "logs"
+            cwd=settings.BASE_DIR,
+            env=child_environment(),
+            log_dir=settings.DATA_DIR / "logs",
+            say=self.say,
         )
         supervisor.handle_signals()
         try:
@@ -122,7 +126,11 @@ class Command(BaseCommand):
             first_run = self.prepare_database(supervisor, ports)
             start_processes(supervisor, ports, agent, self.say)
             local = self.trust_local_agent(agent)
+            supervisor.supervise()
+            # Before the worker starts: /healthz says "ok" only once the worker's heartbeat
+            # came, so whoever waits for it finds the banner (login, token) already written.
             self.say(banner(first_run, ports, local))
+            start_worker(supervisor)
             supervisor.watch()
         except StopRequested as stop:
             self.say(f"\n{stop}: stopping Nexus...")
@@ -154,7 +162,12 @@ class Command(BaseCommand):
         if process is None:
             self.say(f"Redis: reusing the bundled server that already answers on {socket_path}")
             return
-        supervisor.adopt("redis", process, socket_path.with_suffix(".log"))
+        supervisor.adopt(
+            "redis",
+            process,
+            socket_path.with_suffix(".log"),
+            respawn=partial(embedded_redis.start, socket_path),
+        )
         self.say(f"Redis: bundled server on {socket_path}")
 
     def prepare_database(self, supervisor: Supervisor, ports: list[int]) -> FirstRun:
@@ -277,8 +290,7 @@ def seed_first_run(ports: list[int]) -> FirstRun:
 def start_processes(
     supervisor: Supervisor, ports: list[int], agent: LocalAgent, say: Callable[[str], None]
 ) -> None:
-    """Start the demo engines, the local agent, daphne and the Celery worker with beat; wait
-    until each is ready."""
+    """Start the demo engines, the local agent and daphne; wait until each is ready."""
     python = sys.executable
     probes: list[tuple[Child, str, tuple[int, ...]]] = []
     for engine, port in zip(DEMO_ENGINES, ports, strict=True):
@@ -290,26 +302,26 @@ def start_processes(
         health = f"http://127.0.0.1:{port}/health"
         probes.append((supervisor.start(f"engine-{engine.name}", argv), health, (200,)))
     local_agent = start_local_agent(supervisor, agent, say)
-    web = supervisor.start(
-        "web",
-        [python, "-m", "daphne", "-b", settings.NEXUS_HOST, "-p", str(settings.NEXUS_PORT),
-         "nexus.asgi:application"],
-    )  # fmt: skip
+    web = supervisor.start("web", daphne_argv(settings.NEXUS_HOST, settings.NEXUS_PORT))
     # /healthz answers 503 while the worker's first heartbeat is due: the server is up anyway.
     probes.append((web, f"{local_url()}/healthz", (200, 503)))
+    for child, url, statuses in probes:
+        supervisor.wait_ready(child, partial(http_answers, url, statuses))
+    supervisor.wait_ready(local_agent, agent.answers)
+
+
+def start_worker(supervisor: Supervisor) -> None:
+    """Start the Celery worker with beat and wait until it answers a ping."""
     # A node name of our own, so the readiness ping reaches this worker and no other.
     node = f"nexus-{os.getpid()}@{socket.gethostname()}"
     worker = supervisor.start(
         "worker",
-        [python, "-m", "celery", "-A", "nexus", "worker", "--beat",
+        [sys.executable, "-m", "celery", "-A", "nexus", "worker", "--beat",
          "--concurrency", str(WORKER_CONCURRENCY), "--hostname", node,
          "--loglevel", settings.NEXUS_LOG_LEVEL,
          # One worker needs no syncing with peers; skipping it saves a second at start.
          "--without-mingle", "--without-gossip"],
     )  # fmt: skip
-    for child, url, statuses in probes:
-        supervisor.wait_ready(child, partial(http_answers, url, statuses))
-    supervisor.wait_ready(local_agent, agent.answers)
     supervisor.wait_ready(
         worker, lambda: bool(celery_app.control.ping(destination=[node], timeout=0.5))
     )

@@ -1,0 +1,95 @@
+"""Graceful shutdown of the web process: on SIGTERM or SIGINT, stop accepting connections, let
+requests and streams in flight finish for NEXUS_SHUTDOWN_GRACE_S, end the rest, write what is
+buffered (routing history, token usage), then exit.
+
+Servers differ in how they let an application do that:
+
+- daphne (Twisted) has no lifespan protocol: on a signal it stops the reactor at once and
+  cancels every application. `install_in_daphne` takes over its SIGTERM and SIGINT once the
+  reactor runs: stop listening, run the shutdown, then stop the reactor. A second signal stops
+  it at once.
+- uvicorn stops accepting and waits for requests in flight by itself (for at most
+  `--timeout-graceful-shutdown` seconds: pass NEXUS_SHUTDOWN_GRACE_S), cancels the rest, then
+  sends lifespan.shutdown: `lifespan` runs the shutdown then, with nothing left to wait for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+# Stops the application's work: refuse new requests, wait up to the grace (seconds), end the
+# rest, flush buffers.
+Shutdown = Callable[[float], Awaitable[None]]
+
+
+def install_in_daphne(shutdown: Shutdown) -> None:
+    """Under daphne, make SIGTERM and SIGINT stop accepting and run `shutdown` before exiting."""
+    server_module = sys.modules.get("daphne.server")
+    if server_module is None:
+        return  # not under daphne
+    from twisted.internet import reactor as installed_reactor
+
+    reactor: Any = installed_reactor  # the asyncio reactor daphne installed
+
+    server_class = server_module.Server
+    listening: list[Any] = []
+    listen_success = server_class.listen_success
+
+    def remember_port(self: Any, port: Any) -> None:
+        listening.append(port)
+        listen_success(self, port)
+
+    server_class.listen_success = remember_port
+    stopping: list[asyncio.Task[None]] = []
+
+    async def stop_gracefully(signal_name: str) -> None:
+        grace_s = settings.NEXUS_SHUTDOWN_GRACE_S
+        log.warning("%s: no new connections; finishing requests in flight (%.0f s)", signal_name,
+                    grace_s)  # fmt: skip
+        for port in listening:
+            port.stopListening()
+        try:
+            await shutdown(grace_s)
+        except Exception:
+            log.exception("graceful shutdown failed; stopping now")
+        reactor.stop()
+
+    def on_signal(signum: int) -> None:
+        if stopping:
+            reactor.stop()  # a second signal: now
+            return
+        stopping.append(asyncio.ensure_future(stop_gracefully(signal.Signals(signum).name)))
+
+    def take_over_signals() -> None:
+        # Runs after Twisted installed its own handlers (they stop the reactor at once).
+        loop = asyncio.get_event_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+
+    reactor.callWhenRunning(take_over_signals)
+
+
+def lifespan(shutdown: Shutdown) -> Callable[..., Awaitable[None]]:
+    """Return an ASGI lifespan app that runs `shutdown` when the server stops (uvicorn)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                # The server already waited for (or cut) the requests in flight.
+                await shutdown(0.0)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    return app

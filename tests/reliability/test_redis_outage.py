@@ -1,0 +1,197 @@
+"""Redis killed and restarted under two live gateways sharing the Redis ledger: no request fails,
+the target is never sent more than its capacity, and no capacity is lost afterwards.
+
+The gateways (daphne) and the engine are real processes; Redis is a redis-server of this test's
+own on a Unix socket, killed with SIGKILL and started again empty, as a crash would leave it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from nexus import embedded_redis
+from nexus.models import ApiToken
+from pools.models import Pool
+from tests.nexus.factories import make_pool, make_target
+from tests.support import outcomes
+from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.simulator import Simulator, running_simulator
+from tests.support.traffic import Answer, chat_body, send
+
+CAPACITY = 4  # the target's; two gateways take 2 each while Redis is away
+CLIENTS = 6  # more than the capacity, so that the target stays full and requests queue
+BEFORE_S, OUTAGE_S, AFTER_S = 3.0, 5.0, 4.0
+
+
+class OwnRedis:
+    """A redis-server on a socket of the test's own, to kill and start again."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def start(self) -> None:
+        self.process = embedded_redis.start(self.socket_path)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=5)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(unix_socket_path=str(self.socket_path), socket_timeout=2)
+
+
+@contextmanager
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path / "redis.sock")
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            embedded_redis.stop(server.process)
+
+
+def healthz(server: LiveServer) -> dict[str, Any]:
+    response = httpx.get(f"{server.url}/healthz", timeout=5)
+    return {"http_status": response.status_code, **response.json()}
+
+
+def ledger_status(server: LiveServer) -> str | None:
+    return healthz(server).get("gateway", {}).get("ledger", {}).get("status")
+
+
+def keep_streaming(url: str, token: str, stop: threading.Event) -> list[Answer]:
+    """Send streams one after another until `stop` (bounded: at most 60 s)."""
+    answers = []
+    deadline = time.monotonic() + 60
+    body = chat_body("survives-redis", max_tokens=8, stream=True)
+    while not stop.is_set() and time.monotonic() < deadline:
+        try:
+            answers.append(send(url, token, body, timeout_s=30))
+        except httpx.HTTPError as error:
+            answers.append(Answer(0, httpx.Headers(), repr(error).encode(), [], 0.0, 0.0))
+    return answers
+
+
+def sample_running(engine: Simulator, stop: threading.Event) -> list[int]:
+    samples = []
+    deadline = time.monotonic() + 60
+    with httpx.Client(timeout=2) as client:
+        while not stop.is_set() and time.monotonic() < deadline:
+            samples.append(client.get(f"{engine.root_url}/sim/stats").json()["requests_running"])
+            time.sleep(0.02)
+    return samples
+
+
+def test_two_gateways_serve_through_a_redis_crash_without_errors_or_overload(
+    committed_db, django_db_blocker, tmp_path: Path
+) -> None:
+    prefix = f"test-outage-{uuid.uuid4().hex[:8]}"
+    with (
+        own_redis(tmp_path) as own,
+        running_simulator(model="demo-8b", ttft_ms=20, tpot_ms=25, concurrency=16) as engine,
+    ):
+        with django_db_blocker.unblock():
+            pool = make_pool("survives-redis")
+            target = make_target(
+                pool, "only", base_url=engine.base_url, model_id="demo-8b", capacity_weight=CAPACITY
+            )
+            token_row, token = ApiToken.issue("outage")
+        env = {"NEXUS_LEDGER": "redis", "NEXUS_REDIS_PREFIX": prefix, "REDIS_URL": own.url}
+        try:
+            with running_nexus(tmp_path, **env) as one, running_nexus(tmp_path, **env) as two:
+                gateways = (one, two)
+                stop = threading.Event()
+                with ThreadPoolExecutor(max_workers=CLIENTS + 1) as executor:
+                    sampler = executor.submit(sample_running, engine, stop)
+                    clients = [
+                        executor.submit(
+                            keep_streaming,
+                            f"{gateways[i % 2].url}/v1/chat/completions",
+                            token,
+                            stop,
+                        )
+                        for i in range(CLIENTS)
+                    ]
+                    # Given both gateways serving and each knowing the other (published state),
+                    time.sleep(BEFORE_S)
+                    # when Redis dies,
+                    own.kill()
+                    killed_at = time.monotonic()
+                    degraded = wait_until(
+                        lambda: all(ledger_status(g) == "degraded" for g in gateways),
+                        timeout_s=OUTAGE_S,
+                        what="the gateways never noticed the outage",
+                    )
+                    during = healthz(one)
+                    noticed_s = time.monotonic() - killed_at
+                    time.sleep(max(0.0, OUTAGE_S - noticed_s))
+                    # and comes back empty,
+                    own.start()
+                    restarted_at = time.monotonic()
+                    wait_until(
+                        lambda: all(ledger_status(g) == "ok" for g in gateways),
+                        timeout_s=10,
+                        what="the gateways never went back to the shared ledger",
+                    )
+                    recovered_s = time.monotonic() - restarted_at
+                    time.sleep(AFTER_S)
+                    stop.set()
+                    answers = [answer for client in clients for answer in client.result()]
+                    samples = sampler.result()
+                # Once the traffic stopped, every slot is free again: nothing held, nothing lost.
+                leases = wait_until(
+                    lambda: own.client().zcard(f"{prefix}:ledger:target:{target.pk}") == 0,
+                    timeout_s=5,
+                    what="leases stayed behind in Redis",
+                )
+                logs = [g.log() for g in gateways]
+        finally:
+            with django_db_blocker.unblock():
+                Pool.objects.filter(pk=pool.pk).delete()
+                token_row.delete()
+
+    failed = [answer for answer in answers if answer.status != 200 or not answer.done]
+    outcome = {
+        "requests": len(answers),
+        "failed": len(failed),
+        "outage_noticed_s": round(noticed_s, 2),
+        "recovered_after_restart_s": round(recovered_s, 2),
+        "most_running_on_engine": max(samples),
+        "capacity": CAPACITY,
+    }
+    outcomes.record("redis_outage", outcome)
+    # Then no request failed (and none got HTML or a 500),
+    assert failed == [], [(a.status, a.content[:200], a.events[-1:]) for a in failed]
+    assert len(answers) > 3 * CLIENTS, "too little traffic to say anything"
+    # the engine never ran more than the target's capacity, and was full (the test means it),
+    assert max(samples) <= CAPACITY, samples
+    assert max(samples) == CAPACITY, "the target was never full: the test proved nothing"
+    # /healthz told the outage and the share each process took,
+    assert degraded
+    assert during["http_status"] == 200
+    assert during["status"] == "degraded"
+    assert during["gateway"]["ledger"]["processes"] == 2
+    assert during["gateway"]["revocations"]["status"] == "degraded"
+    # the outage was logged once per process, not per request, and so was its end,
+    for log in logs:
+        assert log.count("Redis unreachable; admitting") == 1, log[-3000:]
+        assert log.count("Redis reachable again") == 1, log[-3000:]
+    assert leases
