@@ -166,7 +166,7 @@ class Gateway:
             if method != "GET":
                 raise errors.method_not_allowed(method, path)
             snapshot = await self.registry.ready()
-            token = self._authenticate(scope, snapshot)
+            token = await self._authenticate(scope, snapshot)
             await self._respond_json(send, 200, self._model_list(snapshot, token), request_id)
             return
         kind = ROUTES.get(path)
@@ -178,7 +178,7 @@ class Gateway:
         if method != "POST":
             raise errors.method_not_allowed(method, path)
         snapshot = await self.registry.ready()
-        token = self._authenticate(scope, snapshot)
+        token = await self._authenticate(scope, snapshot)
         payload = self._parse(await self._read_body(scope, receive))
         pool = self._pool_for(payload, token, snapshot)
         flight = self._flight(scope, request_id, token, pool, kind, payload)
@@ -192,7 +192,11 @@ class Gateway:
         if pool is None or pool.service is None:
             raise errors.service_not_found(name)
         # A public service takes anyone: a token sent anyway is not even looked at.
-        token = None if pool.service.open_to_public else self._service_token(scope, snapshot, pool)
+        token = (
+            None
+            if pool.service.open_to_public
+            else await self._service_token(scope, snapshot, pool)
+        )
         forward = Forward(
             method=scope["method"],
             path=path,
@@ -264,29 +268,37 @@ class Gateway:
         finally:
             watcher.cancel()
 
-    def _authenticate(self, scope: Scope, snapshot: Snapshot) -> TokenEntry:
+    async def _authenticate(self, scope: Scope, snapshot: Snapshot) -> TokenEntry:
         scheme, secret = _credentials(scope)
         if scheme != b"bearer" or not secret:
             raise errors.missing_token()
-        return self._usable_token(secret, snapshot)
+        return await self._usable_token(secret, snapshot)
 
-    def _service_token(self, scope: Scope, snapshot: Snapshot, pool: PoolEntry) -> TokenEntry:
+    async def _service_token(self, scope: Scope, snapshot: Snapshot, pool: PoolEntry) -> TokenEntry:
         """Return the caller's token if it may call the pool's service (Bearer or BackendAI)."""
         assert pool.service is not None
         scheme, secret = _credentials(scope)
         if scheme not in SERVICE_SCHEMES or not secret:
             raise errors.missing_service_token(pool.service.name)
-        token = self._usable_token(secret, snapshot)
+        token = await self._usable_token(secret, snapshot)
         if not token.may_use(pool):
             raise errors.service_forbidden(pool.service.name)
         return token
 
-    def _usable_token(self, secret: bytes, snapshot: Snapshot) -> TokenEntry:
-        """Return the token with this secret, unless it is unknown, revoked or expired."""
+    async def _usable_token(self, secret: bytes, snapshot: Snapshot) -> TokenEntry:
+        """Return the token with this secret, unless it is unknown, revoked or expired.
+
+        A token issued since the snapshot was read is looked up (bounded: Registry.look_up_token),
+        so it works on its first request.
+        """
         digest = hashlib.sha256(secret).hexdigest()
         token = snapshot.tokens.get(digest)
         if token is None:
-            raise errors.revoked_token() if digest in snapshot.revoked else errors.invalid_token()
+            if digest in snapshot.revoked:
+                raise errors.revoked_token()
+            token = await self.registry.look_up_token(digest)
+            if token is None:
+                raise errors.invalid_token()
         if token.expires_at is not None and token.expires_at <= time.time():
             raise errors.expired_token(token.expires_at)
         self.registry.note_token_used(token.id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -14,11 +15,26 @@ from django.utils import timezone
 
 from nexus.models import ApiToken
 from pools.gateway.revocations import Listener
-from pools.gateway.snapshot import EMPTY, Snapshot, current_version, load_snapshot
+from pools.gateway.snapshot import (
+    EMPTY,
+    Snapshot,
+    TokenEntry,
+    current_version,
+    load_snapshot,
+    load_token,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# A token unknown to the snapshot may have been issued since it was read (it shows up within
+# about a second): it is looked up once. Lookups are bounded per second across all secrets, so
+# a flood of made-up tokens cannot reach the database more than this; a secret found unknown is
+# remembered (a bounded number of them) and answered from memory for a while.
+TOKEN_LOOKUPS_PER_S = 20
+UNKNOWN_TOKEN_TTL_S = 60.0
+UNKNOWN_TOKENS_KEPT = 10_000
 
 
 def _touch_tokens(token_ids: list[int]) -> None:
@@ -50,6 +66,12 @@ class Registry:
         # still hold: each new snapshot is cleaned of them, until one lacks them.
         self._revoked: set[str] = set()
         self._lock: asyncio.Lock | None = None
+        # Token lookups on a snapshot miss: in flight by hash, unknown hashes until when, and
+        # this second's lookup count.
+        self._lookups: dict[str, asyncio.Future[TokenEntry | None]] = {}
+        self._unknown: OrderedDict[str, float] = OrderedDict()
+        self._lookup_second = 0
+        self._lookups_this_second = 0
         self._refresher: asyncio.Task[None] | None = None
         self._listener: Listener | None = None
 
@@ -102,6 +124,44 @@ class Registry:
         # cannot hold it either.
         self._revoked = held
         self.snapshot = snapshot
+
+    async def look_up_token(self, token_hash: str) -> TokenEntry | None:
+        """Return a usable token the snapshot does not hold yet, or None for an unknown one.
+
+        Off the event loop, one query per secret however many requests bring it at once, at
+        most TOKEN_LOOKUPS_PER_S a second; past that, or while the secret is remembered as
+        unknown, the answer is None without a query.
+        """
+        now = time.monotonic()
+        if self._unknown.get(token_hash, 0.0) > now:
+            return None
+        pending = self._lookups.get(token_hash)
+        if pending is None:
+            second = int(now)
+            if second != self._lookup_second:
+                self._lookup_second, self._lookups_this_second = second, 0
+            if self._lookups_this_second >= TOKEN_LOOKUPS_PER_S:
+                return None
+            self._lookups_this_second += 1
+            pending = asyncio.ensure_future(sync_to_async(_guarded)(load_token, token_hash))
+            self._lookups[token_hash] = pending
+            pending.add_done_callback(lambda _: self._lookups.pop(token_hash, None))
+        try:
+            # Shielded: one caller's disconnect must not cancel the lookup the others await.
+            entry = await asyncio.shield(pending)
+        except Exception:
+            log.exception("token lookup failed; answering as for an unknown token")
+            return None
+        if entry is None:
+            self._unknown[token_hash] = time.monotonic() + UNKNOWN_TOKEN_TTL_S
+            self._unknown.move_to_end(token_hash)
+            while len(self._unknown) > UNKNOWN_TOKENS_KEPT:
+                self._unknown.popitem(last=False)
+            return None
+        if token_hash in self._revoked:
+            return None
+        self.snapshot.tokens[token_hash] = entry
+        return entry
 
     def note_token_used(self, token_id: int) -> None:
         self._used_tokens.add(token_id)

@@ -230,16 +230,27 @@ def pool_entry(pool: Pool) -> PoolEntry:
     )
 
 
+def token_entry(token: ApiToken) -> TokenEntry:
+    """Return what the gateway keeps of a token."""
+    return TokenEntry(
+        id=token.pk,
+        name=token.name,
+        scope=token.scope,
+        expires_at=token.expires_at.timestamp() if token.expires_at else None,
+    )
+
+
+def load_token(token_hash: str) -> TokenEntry | None:
+    """Read one token that is not revoked (one query), for a token newer than the snapshot."""
+    token = ApiToken.objects.filter(token_hash=token_hash, revoked_at__isnull=True).first()
+    return token_entry(token) if token is not None else None
+
+
 def load_snapshot() -> Snapshot:
     """Read the configuration the gateway routes by (a handful of queries, off the hot path)."""
     version = ConfigVersion.current()
     tokens = {
-        token.token_hash: TokenEntry(
-            id=token.pk,
-            name=token.name,
-            scope=token.scope,
-            expires_at=token.expires_at.timestamp() if token.expires_at else None,
-        )
+        token.token_hash: token_entry(token)
         for token in ApiToken.objects.filter(revoked_at__isnull=True)
     }
     revoked = set(

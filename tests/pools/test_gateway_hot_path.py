@@ -14,7 +14,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from nexus import upstream
 from nexus.models import ApiToken
 from pools.gateway.app import Gateway
-from pools.gateway.registry import Registry
+from pools.gateway.registry import TOKEN_LOOKUPS_PER_S, Registry
 from pools.models import Pool, Target
 from tests.support.simulator import Simulator, running_simulator
 
@@ -52,6 +52,83 @@ async def call(app: Gateway, path: str, body: dict[str, Any], token: str) -> lis
 
     await app(scope, receive, send)
     return sent
+
+
+class CursorCount:
+    """Count the database cursors opened while it is on (each query opens one)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.opened: list[str] = []
+        real_cursor = BaseDatabaseWrapper.cursor
+
+        def counting_cursor(wrapper: BaseDatabaseWrapper) -> Any:
+            self.opened.append(wrapper.alias)
+            return real_cursor(wrapper)
+
+        monkeypatch.setattr(BaseDatabaseWrapper, "cursor", counting_cursor)
+
+
+def hot_pool(engine: Simulator) -> str:
+    """Create the pool `hot` on the engine and return a client token's secret for it."""
+    pool = Pool.objects.create(name="Hot", slug="hot")
+    Target.objects.create(pool=pool, name="a", base_url=engine.base_url, model_id="demo-8b")
+    return ApiToken.issue("hot")[1]
+
+
+BODY = {"model": "@pool/hot", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_token_issued_after_the_snapshot_works_on_its_first_request(
+    engine: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a warm gateway whose snapshot will not refresh during the test,
+    token = await sync_to_async(hot_pool)(engine)
+    registry = Registry(refresh_interval_s=3600)
+    app = Gateway(registry)
+    await call(app, "/v1/chat/completions", BODY, token)
+
+    # when a token is issued and used at once, then used again,
+    _, fresh = await sync_to_async(ApiToken.issue)("fresh")
+    first = await call(app, "/v1/chat/completions", BODY, fresh)
+    cursors = CursorCount(monkeypatch)
+    again = await call(app, "/v1/chat/completions", BODY, fresh)
+    monkeypatch.undo()
+    await registry.aclose()
+    await upstream.close()
+
+    # then both calls are served, the second from memory.
+    assert (first[0]["status"], again[0]["status"]) == (200, 200)
+    assert cursors.opened == []
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_unknown_tokens_reach_the_database_a_bounded_number_of_times(
+    engine: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a warm gateway,
+    token = await sync_to_async(hot_pool)(engine)
+    registry = Registry(refresh_interval_s=3600)
+    app = Gateway(registry)
+    await call(app, "/v1/chat/completions", BODY, token)
+    cursors = CursorCount(monkeypatch)
+
+    # when one made-up token comes 30 times, and 100 different ones at once,
+    repeated = [await call(app, "/v1/chat/completions", BODY, "nx-made-up") for _ in range(30)]
+    lookups_for_one = len(cursors.opened)
+    flood = await asyncio.gather(
+        *(call(app, "/v1/chat/completions", BODY, f"nx-made-up-{n}") for n in range(100))
+    )
+    lookups_for_flood = len(cursors.opened) - lookups_for_one
+    monkeypatch.undo()
+    await registry.aclose()
+    await upstream.close()
+
+    # then every one is refused, the repeated one after a single lookup, and the flood after
+    # at most a second's budget of lookups (two seconds' if it straddles a second).
+    assert {sent[0]["status"] for sent in [*repeated, *flood]} == {401}
+    assert lookups_for_one == 1
+    assert TOKEN_LOOKUPS_PER_S - 1 <= lookups_for_flood <= 2 * TOKEN_LOOKUPS_PER_S
 
 
 @pytest.mark.django_db(transaction=True)
