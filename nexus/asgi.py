@@ -15,10 +15,10 @@ django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from nexus import graceful, upload_guard  # noqa: E402
 from nexus.routing import websocket_urlpatterns  # noqa: E402
+from nexus.websockets import SameOriginOnly  # noqa: E402
 from pools.gateway.app import Gateway, Receive, Send  # noqa: E402
 
 gateway = Gateway()
@@ -40,7 +40,7 @@ application = ProtocolTypeRouter(
     {
         "http": http_router,
         "lifespan": graceful.lifespan(gateway.shutdown),
-        "websocket": AllowedHostsOriginValidator(
+        "websocket": SameOriginOnly(
             # types-channels asks for its own private pattern type; Django's path() makes these.
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # type: ignore[arg-type]
         ),

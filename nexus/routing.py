@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, re_path
 
 from deployments.routing import websocket_urlpatterns as deployments_websockets
 from nexus.ui.consumers import KitConsumer
+from nexus.websockets import UnknownPath
 from nodes.routing import websocket_urlpatterns as nodes_websockets
 from pools.routing import websocket_urlpatterns as pools_websockets
 
@@ -15,4 +16,6 @@ websocket_urlpatterns = [
     *deployments_websockets,
     # Channels routes consumers with Django's path(); django-stubs types it as a view only.
     path("ws/ui/kit/", KitConsumer.as_asgi()),  # type: ignore[arg-type]
+    # Last: any other path is closed cleanly instead of raising in the router.
+    re_path(r"", UnknownPath.as_asgi()),  # type: ignore[arg-type]
 ]

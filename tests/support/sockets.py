@@ -10,8 +10,9 @@ from django.test import Client
 from nexus.asgi import application
 from tests.nexus.factories import make_user
 
-# The browser's Origin: the ASGI app refuses sockets from other hosts.
+# What a browser sends: the ASGI app refuses sockets whose Origin is not the Host they came to.
 ORIGIN = (b"origin", b"http://127.0.0.1")
+HOST = (b"host", b"127.0.0.1")
 
 
 def session_cookie(username: str, *, staff: bool = False) -> tuple[bytes, bytes]:
@@ -27,7 +28,7 @@ async def signed_in_socket(
 ) -> WebsocketCommunicator:
     """Return a connected socket of a new user's page (disconnect it at the end)."""
     cookie = await sync_to_async(session_cookie)(username, staff=staff)
-    socket = WebsocketCommunicator(application, path, headers=[ORIGIN, cookie])
+    socket = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, cookie])
     connected, _ = await socket.connect()
     assert connected, f"{username} could not open {path}"
     return socket
@@ -38,7 +39,7 @@ async def refusal(path: str, username: str = "", *, staff: bool = False) -> tupl
 
     The socket is then disconnected, as a browser does: nothing is left running after the test.
     """
-    headers = [ORIGIN]
+    headers = [ORIGIN, HOST]
     if username:
         headers.append(await sync_to_async(session_cookie)(username, staff=staff))
     socket = WebsocketCommunicator(application, path, headers=headers)
