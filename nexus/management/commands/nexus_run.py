@@ -34,7 +34,7 @@ from nexus.launcher import (
     http_answers,
     port_in_use,
 )
-from nexus.models import ApiToken
+from nexus.models import DEFAULT_PROJECT, ApiToken, project_named
 from nodes import services as node_services
 from nodes.agent.config import CREDENTIAL_ENV, CREDENTIAL_FILE
 from nodes.agent.identity import KEY_FILE, Identity
@@ -274,7 +274,12 @@ def seed_first_run(ports: list[int]) -> FirstRun:
     _, created = ensure_demo_pool(ports)
     if not created:
         return FirstRun(admin_password=password)
-    _, token = ApiToken.issue("demo", pools=[DEMO_POOL_SLUG], created_by=admin)
+    _, token = ApiToken.issue(
+        "demo",
+        project=project_named(DEFAULT_PROJECT),
+        pools=[DEMO_POOL_SLUG],
+        created_by=admin,
+    )
     if not env_bool("NEXUS_DEMO_REAL_MODEL", True):
         return FirstRun(admin_password=password, demo_token=token, real_model="not offered")
     seeded = seed_real_model(admin)
@@ -433,7 +438,10 @@ def banner(first_run: FirstRun, ports: list[int], local_node: str) -> str:
             f"{'':16}new password: {python} manage.py changepassword {ADMIN_USERNAME}"
         )
     if first_run.demo_token:
-        token = f"{first_run.demo_token}  {once}"
+        token = (
+            f"{first_run.demo_token}  {once}\n"
+            f"{'':16}a client token: calls {model} only (/v1), never the admin API"
+        )
         export = f"export NEXUS_TOKEN={first_run.demo_token}"
     else:
         token = f"make one: {python} manage.py nexus_token create --name me"
@@ -450,6 +458,9 @@ def banner(first_run: FirstRun, ports: list[int], local_node: str) -> str:
 {rule}
   Sign in       {login}
   Client token  {token}
+  More tokens   {python} manage.py nexus_token create --name NAME --pool SLUG
+                (--kind admin --scope write --user {ADMIN_USERNAME}: one for the admin API),
+                or POST {url}/api/v1/tokens/ signed in; see docs/access.md
   Demo pool     {model}: simulated {DEMO_MODEL} engines {engines}
 {real_model}  Local node    {local_node}
   Health        {url}/healthz
