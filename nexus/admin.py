@@ -1,4 +1,5 @@
-"""Django admin for client tokens (secrets shown once, on issue) and the configuration version."""
+"""Django admin for tokens (secrets shown once, on issue), projects with their members, and the
+configuration version."""
 
 from __future__ import annotations
 
@@ -13,19 +14,19 @@ from django.utils.html import format_html
 
 from nexus import scopes
 from nexus.auth import acting_user
-from nexus.models import ApiToken, ConfigVersion
+from nexus.models import ApiToken, ConfigVersion, Membership, Project
 
 
 class ApiTokenForm(forms.ModelForm):
     pools = forms.MultipleChoiceField(
         required=False,
         widget=forms.CheckboxSelectMultiple,
-        help_text="Leave every pool unticked to let the token call all pools.",
+        help_text="Leave every pool unticked to let a client token call all pools.",
     )
 
     class Meta:
         model = ApiToken
-        fields = ["name", "pools", "expires_at"]
+        fields = ["name", "kind", "access", "project", "pools", "expires_at"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -43,8 +44,13 @@ class ApiTokenForm(forms.ModelForm):
         super().clean()
         cleaned = self.cleaned_data
         pools = sorted(cleaned.get("pools") or [])
+        admin = cleaned.get("kind") == scopes.TokenKind.ADMIN
+        if admin and pools:
+            self.add_error("pools", "An admin token names no pool.")
+        if not admin and cleaned.get("access"):
+            self.add_error("access", "A client token has no admin access.")
         cleaned["pools"] = pools
-        self.instance.all_pools = not pools
+        self.instance.all_pools = not admin and not pools
         return cleaned
 
 
@@ -53,6 +59,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
     form = ApiTokenForm
     list_display = [
         "name",
+        "kind",
+        "project",
         "prefix",
         "scope",
         "state",
@@ -61,19 +69,27 @@ class ApiTokenAdmin(admin.ModelAdmin):
         "created_by",
         "created_at",
     ]
-    list_filter = ["all_pools", ("revoked_at", admin.EmptyFieldListFilter), "expires_at"]
+    list_filter = [
+        "kind",
+        "project",
+        "all_pools",
+        ("revoked_at", admin.EmptyFieldListFilter),
+        "expires_at",
+    ]
     search_fields = ["name", "prefix"]
-    list_select_related = ["created_by"]
+    list_select_related = ["created_by", "project"]
     actions = ["revoke"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         if obj is None:
             return []
-        return ["prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
+        return ["kind", "prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
 
     @admin.display(description="Scope")
     def scope(self, token: ApiToken) -> str:
-        return "all pools" if token.all_pools else ", ".join(token.pools)
+        if token.kind == scopes.TokenKind.ADMIN:
+            return f"admin API ({token.access})"
+        return "all pools" if token.all_pools else ", ".join([*token.pools, *token.services])
 
     @admin.display(description="State")
     def state(self, token: ApiToken) -> str:
@@ -92,10 +108,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
         if change:
             return super().save_form(request, form, change)
         # Issue through the model so the secret is made and hashed in one place, then shown once.
+        data = form.cleaned_data
         token, secret = ApiToken.issue(
-            form.cleaned_data["name"],
-            pools=form.cleaned_data["pools"],
-            expires_at=form.cleaned_data["expires_at"],
+            data["name"],
+            kind=scopes.TokenKind(data["kind"]),
+            access=scopes.AdminAccess(data["access"]) if data.get("access") else None,
+            project=data.get("project"),
+            pools=data["pools"],
+            expires_at=data["expires_at"],
             created_by=acting_user(request),
         )
         self.message_user(
@@ -128,3 +148,19 @@ class ConfigVersionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ["name", "description", "created_at"]
+    search_fields = ["name"]
+    inlines = [MembershipInline]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Project | None = None) -> list[str]:
+        return ["name"] if obj is not None else []

@@ -71,7 +71,11 @@ def test_the_configuration_version_is_read_only(owner: Client) -> None:
 def test_adding_a_token_issues_it_and_shows_the_secret_once(owner: Client) -> None:
     make_pool("chat")
 
-    added = owner.post("/admin/nexus/apitoken/add/", {"name": "ci", "pools": ["chat"]}, follow=True)
+    added = owner.post(
+        "/admin/nexus/apitoken/add/",
+        {"name": "ci", "kind": "client", "pools": ["chat"]},
+        follow=True,
+    )
     token = ApiToken.objects.get()
     shown = [m.message for m in added.context["messages"] if "not be shown again" in m.message]
     secret = shown[0].split("<code>")[1].split("</code>")[0]
@@ -95,7 +99,7 @@ def test_adding_a_token_issues_it_and_shows_the_secret_once(owner: Client) -> No
 
 
 def test_a_token_without_pools_covers_all_pools(owner: Client) -> None:
-    owner.post("/admin/nexus/apitoken/add/", {"name": "ci"})
+    owner.post("/admin/nexus/apitoken/add/", {"name": "ci", "kind": "client"})
 
     assert ApiToken.objects.get().all_pools is True
 
