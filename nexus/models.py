@@ -20,6 +20,9 @@ from nexus.choices import choices_of
 
 TOKEN_PREFIX = "nx-"
 DEFAULT_PROJECT = "default"
+# The field choices of a token's kind and an admin token's access (the API and schema use them).
+TOKEN_KINDS = choices_of(scopes.TokenKind)
+ADMIN_ACCESS = choices_of(scopes.AdminAccess)
 
 
 def hash_token(secret: str) -> str:
@@ -245,11 +248,11 @@ class ApiToken(ConfigInput):
 
     name = models.CharField(max_length=100)
     kind = models.CharField(
-        max_length=8, choices=choices_of(scopes.TokenKind), default=scopes.TokenKind.CLIENT.value
+        max_length=8, choices=TOKEN_KINDS, default=scopes.TokenKind.CLIENT.value
     )
     access = models.CharField(
         max_length=8,
-        choices=choices_of(scopes.AdminAccess),
+        choices=ADMIN_ACCESS,
         blank=True,
         help_text="An admin token's reach: read, or read and write. Empty for a client token.",
     )

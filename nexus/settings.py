@@ -218,7 +218,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     # One name for the request-kind choices used by targets, dry runs and history.
-    "ENUM_NAME_OVERRIDES": {"RequestKindEnum": "pools.models.RequestKind"},
+    "ENUM_NAME_OVERRIDES": {
+        "RequestKindEnum": "pools.models.RequestKind",
+        "TokenKindEnum": "nexus.models.TOKEN_KINDS",
+        "AdminAccessEnum": "nexus.models.ADMIN_ACCESS",
+    },
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

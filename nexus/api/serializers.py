@@ -11,8 +11,14 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from nexus import access, scopes
-from nexus.choices import choices_of
-from nexus.models import ApiToken, Membership, Project, default_project_pk
+from nexus.models import (
+    ADMIN_ACCESS,
+    TOKEN_KINDS,
+    ApiToken,
+    Membership,
+    Project,
+    default_project_pk,
+)
 
 
 class ProjectField(serializers.SlugRelatedField):
@@ -42,12 +48,12 @@ class ApiTokenSerializer(serializers.ModelSerializer):
     """A token as listed: its kind, scope and state, never its secret."""
 
     kind = serializers.ChoiceField(
-        choices=choices_of(scopes.TokenKind),
+        choices=TOKEN_KINDS,
         default=scopes.TokenKind.CLIENT.value,
         help_text="client: inference only (/v1, /serve); admin: the admin API, as its issuer.",
     )
     access = serializers.ChoiceField(
-        choices=choices_of(scopes.AdminAccess),
+        choices=ADMIN_ACCESS,
         required=False,
         help_text="An admin token's reach (read unless said); a client token has none.",
     )
