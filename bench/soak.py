@@ -1,13 +1,13 @@
 """Soak: many concurrent streams for a minute through one gateway process, and what it costs.
 
-Starts one simulator engine (room for every stream) and one Nexus web process under daphne, then
-keeps STREAMS streams in flight for DURATION seconds (each client sends its next stream as soon
-as the last one ended) and reports: streams completed, errors (non-200, no `[DONE]`, transport
-errors), time to first token p50/p99, and the gateway process's RSS and open file handles
-before the load, at their highest during it, and after it (once idle connections expired), and
-its CPU time per second of load. A
-leak shows as RSS or handles that do not come back down. All on 127.0.0.1; bounded in streams
-and time.
+Starts one simulator engine (room for every stream), one Nexus web process under daphne (as
+`make run` starts it) and one under uvicorn; then, for each in turn, keeps STREAMS streams in
+flight for DURATION seconds (each client sends its next stream as soon as its last one ended) and
+reports: streams completed, errors (non-200, no `[DONE]`, transport errors), time to first token
+p50/p99 as the client saw it, the gateway's CPU time per second of load, and its RSS and open
+file handles before the load, at their highest during it, and after it (once idle connections
+expired): a leak shows as handles that do not come back down. All on 127.0.0.1; bounded in
+streams and time.
 
 Usage: python bench/soak.py [--streams 500] [--duration 60] [--quick]
 """
@@ -31,9 +31,11 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench.gateway_overhead import (  # noqa: E402  (needs the repository on the path)
     OTHER_CPU,
+    Server,
     Stack,
     cpu_ms,
     free_port,
+    uvicorn_argv,
     wait_http,
 )
 from nexus.launcher import daphne_argv  # noqa: E402
@@ -139,6 +141,66 @@ async def soak(
     return load, peak
 
 
+@dataclass
+class Run:
+    """One server's soak: what the clients saw and what the gateway process cost."""
+
+    server: str
+    load: Load
+    seconds: float
+    cpu_share: float  # the gateway's CPU seconds per second of load
+    before: Footprint
+    during: Footprint  # the highest seen
+    after: Footprint
+
+    def figures(self) -> dict[str, object]:
+        return {
+            "server": self.server, "completed": self.load.completed,
+            "errors": sum(self.load.errors.values()),
+            "ttft_p50_ms": round(self.load.percentile(0.5), 1),
+            "ttft_p99_ms": round(self.load.percentile(0.99), 1),
+            "gateway_cpu": round(self.cpu_share, 2),
+            "rss_mib": [self.before.rss_mib, self.during.rss_mib, self.after.rss_mib],
+            "open_files": [self.before.open_files, self.during.open_files, self.after.open_files],
+        }  # fmt: skip
+
+
+def run(server: str, gateway: Server, streams: int, duration_s: float) -> Run:
+    """Soak one gateway process, then read what it kept once idle connections expired."""
+    assert gateway.process is not None
+    pid = gateway.process.pid
+    url = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
+    before = Footprint.of(pid)
+    began, cpu_before = time.monotonic(), cpu_ms(pid)
+    load, during = asyncio.run(soak(url, gateway.token, streams, duration_s, pid))
+    seconds = time.monotonic() - began
+    cpu_share = (cpu_ms(pid) - cpu_before) / 1000 / seconds
+    time.sleep(SETTLE_S)
+    return Run(server, load, seconds, cpu_share, before, during, Footprint.of(pid))
+
+
+def report(runs: list[Run], streams: int, duration_s: float) -> None:
+    print(f"\nSoak: {streams} concurrent streams for {duration_s:.0f} s through one gateway "
+          f"process, {TOKENS} tokens at {TPOT_MS} ms each")  # fmt: skip
+    rows = [
+        ("streams completed", lambda r: f"{r.load.completed} ({r.load.completed / r.seconds:.0f}/s)"),  # noqa: E501
+        ("errors", lambda r: f"{sum(r.load.errors.values())} {json.dumps(r.load.errors)}"),
+        ("TTFT p50 / p99", lambda r: f"{r.load.percentile(0.5):.0f} / {r.load.percentile(.99):.0f} ms"),  # noqa: E501
+        ("gateway CPU", lambda r: f"{r.cpu_share:.0%} of one core"),
+        ("RSS before", lambda r: f"{r.before.rss_mib:.1f} MiB"),
+        ("RSS during (max)", lambda r: f"{r.during.rss_mib:.1f} MiB"),
+        ("RSS after", lambda r: f"{r.after.rss_mib:.1f} MiB"),
+        ("open files before", lambda r: str(r.before.open_files)),
+        ("open files during (max)", lambda r: str(r.during.open_files)),
+        ("open files after", lambda r: str(r.after.open_files)),
+    ]  # fmt: skip
+    print(f"  {'':<24}" + "".join(f"{r.server:<28}" for r in runs))
+    for label, cell in rows:
+        print(f"  {label:<24}" + "".join(f"{cell(r):<28}" for r in runs))
+    for one in runs:
+        print(json.dumps({"streams": streams, "duration_s": duration_s, **one.figures()}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=500, help="streams in flight at once")
@@ -164,47 +226,19 @@ def main() -> None:
                 OTHER_CPU,
             )  # fmt: skip
             wait_http(f"http://127.0.0.1:{engine_port}/health", engine)
-            # daphne as `make run` starts it, its listen backlog included.
+            # daphne as `make run` starts it (its listen backlog included), and uvicorn.
             servers = stack.nexus(
                 REPO_ROOT, "nexus", {"soak": engine_port},
-                servers={"daphne": lambda port, app: daphne_argv("127.0.0.1", port, app)},
+                servers={
+                    "daphne": lambda port, app: daphne_argv("127.0.0.1", port, app),
+                    "uvicorn": uvicorn_argv,
+                },
             )  # fmt: skip
-            gateway = servers["daphne"]
-            assert gateway.process is not None
-            url = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
-            pid = gateway.process.pid
-            before = Footprint.of(pid)
-            began, cpu_before = time.monotonic(), cpu_ms(pid)
-            load, during = asyncio.run(soak(url, gateway.token, streams, duration_s, pid))
-            elapsed = time.monotonic() - began
-            cpu_share = (cpu_ms(pid) - cpu_before) / 1000 / elapsed
-            time.sleep(SETTLE_S)
-            after = Footprint.of(pid)
+            # One at a time: the other process idles meanwhile.
+            runs = [run(name, server, streams, duration_s) for name, server in servers.items()]
         finally:
             stack.stop()
-
-    failed = sum(load.errors.values())
-    print(f"\nSoak: {streams} concurrent streams for {duration_s:.0f} s through one gateway "
-          f"process (daphne), {TOKENS} tokens at {TPOT_MS} ms each")  # fmt: skip
-    print(f"  streams completed   {load.completed} ({load.completed / elapsed:.1f}/s)")
-    print(f"  errors              {failed} {json.dumps(load.errors) if failed else ''}")
-    print(f"  gateway CPU         {cpu_share:.0%} of one core")
-    print(
-        f"  TTFT                p50 {load.percentile(0.5):.0f} ms,"
-        f" p99 {load.percentile(0.99):.0f} ms"
-    )
-    for label, footprint in (("before", before), ("during (max)", during), ("after", after)):
-        print(
-            f"  {label:<14}      RSS {footprint.rss_mib:.1f} MiB, {footprint.open_files} open files"
-        )
-    figures = {
-        "streams": streams, "duration_s": duration_s, "completed": load.completed,
-        "errors": failed, "ttft_p50_ms": round(load.percentile(0.5), 1),
-        "ttft_p99_ms": round(load.percentile(0.99), 1), "gateway_cpu": round(cpu_share, 2),
-        "rss_mib": [before.rss_mib, during.rss_mib, after.rss_mib],
-        "open_files": [before.open_files, during.open_files, after.open_files],
-    }  # fmt: skip
-    print(json.dumps(figures))
+    report(runs, streams, duration_s)
 
 
 if __name__ == "__main__":

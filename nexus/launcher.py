@@ -34,7 +34,7 @@ CRASH_LOOP_RESTARTS = 5
 CRASH_LOOP_WINDOW_S = 60.0
 # Children stop in waves, lowest first; what was adopted (the bundled Redis) stops last.
 FIRST_WAVE = 0
-LAST_WAVE = 2
+LAST_WAVE = 3
 
 
 # Connections the web server's listening socket queues before it accepts them. daphne (Twisted)
@@ -72,6 +72,8 @@ class Child:
     # Children we start lead their own process group; an adopted one (the bundled Redis) does not.
     own_group: bool = True
     stop_wave: int = FIRST_WAVE
+    # Seconds from SIGTERM to SIGKILL when stopping it.
+    stop_grace_s: float = STOP_GRACE_S
     # Called before the child's wave is stopped, whether or not the child still runs: its
     # chance to clean up after itself. It must not raise, or later children would be left running.
     before_stop: Callable[[], None] | None = None
@@ -151,12 +153,13 @@ class Supervisor:
         *,
         env: Mapping[str, str] | None = None,
         stop_wave: int = FIRST_WAVE,
+        stop_grace_s: float = STOP_GRACE_S,
         before_stop: Callable[[], None] | None = None,
     ) -> Child:
         """Start argv with its output in <log_dir>/<name>.log, in a new process group.
 
-        `env` replaces the supervisor's environment for this child; `stop_wave` and
-        `before_stop` say when and how `stop_all` stops it.
+        `env` replaces the supervisor's environment for this child; `stop_wave`,
+        `stop_grace_s` and `before_stop` say when and how `stop_all` stops it.
         """
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
@@ -182,6 +185,7 @@ class Supervisor:
             # A restart appends: the log keeps what the crashed run wrote.
             respawn=lambda: spawn("ab"),
             stop_wave=stop_wave,
+            stop_grace_s=stop_grace_s,
             before_stop=before_stop,
         )
         self.children.append(child)
@@ -267,8 +271,9 @@ class Supervisor:
             self.check()
             time.sleep(POLL_S)
 
-    def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop the children wave by wave, each wave together: SIGTERM, SIGKILL after grace_s."""
+    def stop_all(self) -> None:
+        """Stop the children wave by wave, each wave together: SIGTERM, then SIGKILL after each
+        child's stop grace."""
         # Servers before the Redis they talk to, so a worker's warm shutdown can still ack.
         for wave in sorted({child.stop_wave for child in self.children}):
             members = [child for child in self.children if child.stop_wave == wave]
@@ -278,10 +283,11 @@ class Supervisor:
             for child in members:
                 if child.process.poll() is None:
                     child.process.terminate()
-            deadline = time.monotonic() + grace_s
+            signalled = time.monotonic()
             for child in members:
+                left = signalled + child.stop_grace_s - time.monotonic()
                 try:
-                    child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    child.process.wait(timeout=max(0.0, left))
                 except subprocess.TimeoutExpired:
                     _kill(child)
                     child.process.wait()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -148,9 +149,22 @@ def test_a_killed_engine_and_a_killed_redis_are_restarted_while_nexus_keeps_serv
         assert failed == [], [(a.status, a.content[:200]) for a in failed]
         assert served_after, "no request was served after Redis came back"
 
-        # When it receives SIGTERM, it stops everything, the restarted children included
+        # When it receives SIGTERM while a stream is in flight
         tree = process_tree(launcher.process.pid)
-        assert launcher.stop(signal.SIGTERM) == 0, launcher.output
+        streaming = threading.Event()
+        long_body = chat_body("demo", max_tokens=200, stream=True)
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            last = executor.submit(
+                send, f"{url}/v1/chat/completions", token[1], long_body, started=streaming
+            )
+            assert streaming.wait(10)
+            status = launcher.stop(signal.SIGTERM)
+            answer = last.result()
+
+        # Then the stream finished first (the web server stops before the engines), and
+        # everything stopped, the restarted children included
+        assert (answer.status, answer.done) == (200, True), answer.events[-2:]
+        assert status == 0, launcher.output
         assert [pid for pid in tree if is_running(pid)] == []
     finally:
         launcher.kill()

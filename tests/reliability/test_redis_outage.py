@@ -141,6 +141,18 @@ def test_two_gateways_serve_through_a_redis_crash_without_errors_or_overload(
                         what="the gateways never noticed the outage",
                     )
                     during = healthz(one)
+                    # (meanwhile a refusal is still OpenAI-shaped JSON, and the model list works)
+                    refused = httpx.post(
+                        f"{one.url}/v1/chat/completions",
+                        headers={"Authorization": "Bearer nx-not-a-token"},
+                        json=chat_body("survives-redis"),
+                        timeout=10,
+                    )
+                    models = httpx.get(
+                        f"{two.url}/v1/models",
+                        headers={"Authorization": f"Bearer {token}"},
+                        timeout=10,
+                    )
                     noticed_s = time.monotonic() - killed_at
                     time.sleep(max(0.0, OUTAGE_S - noticed_s))
                     # and comes back empty,
@@ -190,6 +202,9 @@ def test_two_gateways_serve_through_a_redis_crash_without_errors_or_overload(
     assert during["status"] == "degraded"
     assert during["gateway"]["ledger"]["processes"] == 2
     assert during["gateway"]["revocations"]["status"] == "degraded"
+    assert (refused.status_code, refused.json()["error"]["code"]) == (401, "invalid_api_key")
+    assert models.status_code == 200
+    assert "@pool/survives-redis" in [model["id"] for model in models.json()["data"]]
     # the outage was logged once per process, not per request, and so was its end,
     for log in logs:
         assert log.count("Redis unreachable; admitting") == 1, log[-3000:]

@@ -52,6 +52,8 @@ WORKER_CONCURRENCY = 2
 LOCAL_NODE = "local"
 # How long each runtime the local agent runs gets to exit on SIGTERM at stop, before SIGKILL.
 RUNTIME_STOP_GRACE_S = 5
+# Beyond its shutdown grace, how long the web server gets to write its buffers and exit.
+WEB_FLUSH_S = 10
 
 
 @dataclass(frozen=True)
@@ -305,9 +307,16 @@ def start_processes(
             "--tpot-ms", str(engine.tpot_ms), "--concurrency", str(engine.concurrency),
         ]  # fmt: skip
         health = f"http://127.0.0.1:{port}/health"
-        probes.append((supervisor.start(f"engine-{engine.name}", argv), health, (200,)))
+        engine_child = supervisor.start(f"engine-{engine.name}", argv, stop_wave=FIRST_WAVE + 1)
+        probes.append((engine_child, health, (200,)))
     local_agent = start_local_agent(supervisor, agent, say)
-    web = supervisor.start("web", daphne_argv(settings.NEXUS_HOST, settings.NEXUS_PORT))
+    # The web server stops first, and may take its shutdown grace: its streams finish on the
+    # engines, which stop in the next wave.
+    web = supervisor.start(
+        "web",
+        daphne_argv(settings.NEXUS_HOST, settings.NEXUS_PORT),
+        stop_grace_s=settings.NEXUS_SHUTDOWN_GRACE_S + WEB_FLUSH_S,
+    )
     # /healthz answers 503 while the worker's first heartbeat is due: the server is up anyway.
     probes.append((web, f"{local_url()}/healthz", (200, 503)))
     for child, url, statuses in probes:
@@ -326,6 +335,7 @@ def start_worker(supervisor: Supervisor) -> None:
          "--loglevel", settings.NEXUS_LOG_LEVEL,
          # One worker needs no syncing with peers; skipping it saves a second at start.
          "--without-mingle", "--without-gossip"],
+        stop_wave=FIRST_WAVE + 1,
     )  # fmt: skip
     supervisor.wait_ready(
         worker, lambda: bool(celery_app.control.ping(destination=[node], timeout=0.5))
@@ -349,7 +359,7 @@ def start_local_agent(
         "agent",
         argv,
         env=env,
-        stop_wave=FIRST_WAVE + 1,
+        stop_wave=FIRST_WAVE + 2,
         before_stop=lambda: stop_local_runtimes(agent, say),
     )
 
