@@ -21,6 +21,7 @@ from urllib.parse import unquote
 
 from django.conf import settings
 
+from nexus import scopes
 from pools.gateway import errors
 from pools.gateway.errors import GatewayError
 from pools.gateway.flight import NOT_FORWARDED, Flight, Forward, Router, forwarded_headers
@@ -301,6 +302,9 @@ class Gateway:
                 raise errors.invalid_token()
         if token.expires_at is not None and token.expires_at <= time.time():
             raise errors.expired_token(token.expires_at)
+        # may_call refuses it every pool and service anyway; this says why, before any routing.
+        if token.scope.kind is scopes.TokenKind.ADMIN:
+            raise errors.admin_token()
         self.registry.note_token_used(token.id)
         return token
 

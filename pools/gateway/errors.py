@@ -95,6 +95,15 @@ def pool_forbidden(model: str, *, managed: bool = False) -> GatewayError:
     )
 
 
+def admin_token() -> GatewayError:
+    return GatewayError(
+        403,
+        "An admin token calls the admin API, not inference: /v1 and /serve take a client token.",
+        code="admin_token_not_allowed",
+        error_type="permission_error",
+    )
+
+
 def service_forbidden(service: str) -> GatewayError:
     return GatewayError(
         403,

@@ -13,6 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from nexus import upstream
 from nexus.models import ApiToken
+from nexus.scopes import TokenKind
 from pools.gateway.app import Gateway
 from pools.gateway.registry import TOKEN_LOOKUPS_PER_S, Registry
 from pools.models import Pool, Target
@@ -164,3 +165,23 @@ async def test_it_answers_without_a_database_query_once_warm(
 
     assert statuses == [200] * 20
     assert cursors == []
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_admin_token_is_refused_inference_saying_why(engine: Simulator) -> None:
+    # Given a pool and an admin token,
+    await sync_to_async(hot_pool)(engine)
+    _, admin = await sync_to_async(ApiToken.issue)("automation", kind=TokenKind.ADMIN)
+    registry = Registry(refresh_interval_s=3600)
+    app = Gateway(registry)
+
+    # when it is sent to /v1,
+    sent = await call(app, "/v1/chat/completions", BODY, admin)
+    await registry.aclose()
+    await upstream.close()
+
+    # then it is refused with an OpenAI-shaped error that names the kind of token to use.
+    assert sent[0]["status"] == 403
+    error = json.loads(sent[1]["body"])["error"]
+    assert (error["code"], error["type"]) == ("admin_token_not_allowed", "permission_error")
+    assert "/v1 and /serve take a client token" in error["message"]
