@@ -43,7 +43,7 @@ class TokenIssueForm(forms.Form):
     expires_at = forms.DateTimeField(
         required=False,
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
-        help_text="Empty: it never expires.",
+        help_text="In UTC; empty: it never expires.",
     )
     requests_per_minute = forms.IntegerField(
         required=False, min_value=1, help_text="Requests in any 60 s; empty for no limit."
@@ -54,7 +54,10 @@ class TokenIssueForm(forms.Form):
         help_text="Prompt and completion tokens in any 60 s; empty for no limit.",
     )
     max_concurrent = forms.IntegerField(
-        required=False, min_value=1, help_text="Requests in progress at once; empty for no limit."
+        label="Concurrent requests",
+        required=False,
+        min_value=1,
+        help_text="Requests in progress at once; empty for no limit.",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -358,15 +358,15 @@ class UsageTotals:
     errors: int = 0
     tokens: int = 0
 
-    def describe(self) -> str:
-        """Say it in a few words: "12 requests · 1 error · 3,400 tokens", or "—" for none."""
+    def describe(self) -> list[str]:
+        """Say it in a few words, one line each: "12 requests", "1 error", "3,400 tokens"."""
         if not self.requests:
-            return "—"
+            return []
         parts = [ui_format.count(self.requests, "request")]
         if self.errors:
             parts.append(ui_format.count(self.errors, "error"))
         parts.append(ui_format.count(self.tokens, "token"))
-        return " · ".join(parts)
+        return parts
 
 
 def token_usage(token_ids: Sequence[int], now: datetime) -> dict[int, dict[str, UsageTotals]]:

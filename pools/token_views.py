@@ -61,6 +61,7 @@ def token_list(request: HttpRequest) -> HttpResponse:
             "limits": services.describe_limits(token),
             "day": usage[token.pk]["day"].describe(),
             "month": usage[token.pk]["month"].describe(),
+            "dialog": f"revoke-{token.pk}",
         }
         for token in tokens
     ]

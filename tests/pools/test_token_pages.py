@@ -50,9 +50,9 @@ def test_the_list_shows_state_limits_and_usage_of_the_last_day_and_month(
     row_html = html.split('data-token="live"')[1].split("</tr>")[0]
     assert "@pool/chat" in row_html
     assert "Valid" in row_html
-    assert "60 req/min · 4 at once" in row_html
-    assert '<td data-usage="day">1 request · 15 tokens</td>' in row_html
-    assert '<td data-usage="month">2 requests · 1 error · 16 tokens</td>' in row_html
+    assert "<td data-limits>60 req/min<br>4 at once</td>" in row_html
+    assert '<td data-usage="day">1 request<br>15 tokens</td>' in row_html
+    assert '<td data-usage="month">2 requests<br>1 error<br>16 tokens</td>' in row_html
     gone = html.split('data-token="gone"')[1].split("</tr>")[0]
     assert "Revoked" in gone and "Revoke</a>" not in gone
 
