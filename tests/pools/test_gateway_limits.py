@@ -7,6 +7,7 @@ match what the answers reported, and the hot path still runs no database query.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -180,3 +181,26 @@ async def test_usage_rows_match_the_answers_and_the_hot_path_queries_nothing(
     assert first is not None and first.prompt_tokens and first.completion_tokens
     assert row["prompt_tokens"] == prompt_sum + first.prompt_tokens
     assert row["completion_tokens"] == completion_sum + first.completion_tokens
+
+
+async def test_a_concurrency_limit_refuses_while_the_tokens_requests_run(
+    ledger: LoadLedger,
+) -> None:
+    with running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=40) as slow:
+        token, secret = await sync_to_async(configure)(slow, max_concurrent=2)
+        app = Gateway(Registry(refresh_interval_s=3600), GatewayState(ledger=ledger))
+        try:
+            sent = await asyncio.gather(
+                *(call(app, CHAT, body(True, 10), secret) for _ in range(3))
+            )
+            after = answer(await call(app, CHAT, body(True, 2), secret))
+        finally:
+            await app.aclose()
+            await upstream.close()
+
+    answers = sorted(answer(s)[0] for s in sent)
+    assert answers == [200, 200, 429]
+    refused = next(answer(s) for s in sent if answer(s)[0] == 429)
+    assert refused[1]["retry-after"] == "1"
+    assert "2 concurrent requests" in json.loads(refused[2])["error"]["message"]
+    assert after[0] == 200  # the slots came back when the streams ended
