@@ -7,16 +7,19 @@ from typing import Any
 from django import forms
 from django.utils import timezone
 
-from nexus import scopes
+from nexus import access, scopes
+from nexus.models import DEFAULT_PROJECT, Project, default_project_pk
 from pools.models import Pool
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
 
 
 class TokenIssueForm(forms.Form):
-    """Ask for what ApiToken.issue takes; the pools and services offered are those that exist."""
+    """Ask for what ApiToken.issue takes, with the API's rules: the issuer changes the token's
+    project, and names pools of it unless they are staff (nexus/api/serializers.py)."""
 
     name = forms.CharField(max_length=100, help_text="Who or what uses it, e.g. support-bot.")
+    project = forms.ChoiceField(help_text="Whose owners and members see and revoke it.")
     kind = forms.ChoiceField(
         choices=[
             (scopes.TokenKind.CLIENT.value, "Client: calls models (/v1, /serve)"),
@@ -60,8 +63,15 @@ class TokenIssueForm(forms.Form):
         help_text="Requests in progress at once; empty for no limit.",
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.user = user
+        default_project_pk()  # the default project exists from its first use on
+        projects = access.changeable_projects(user).order_by("name").values_list("name", flat=True)
+        project_field = self.fields["project"]
+        assert isinstance(project_field, forms.ChoiceField)
+        project_field.choices = [(name, name) for name in projects]
+        project_field.initial = DEFAULT_PROJECT
         slugs = Pool.objects.filter(managed=False).order_by("slug").values_list("slug", flat=True)
         pools_field = self.fields["pools"]
         assert isinstance(pools_field, forms.MultipleChoiceField)
@@ -88,4 +98,15 @@ class TokenIssueForm(forms.Form):
                 self.add_error("pools", "An admin token calls no pool or service.")
             if any(data.get(name) is not None for name in LIMIT_FIELDS):
                 self.add_error(None, "Limits apply to client tokens: an admin token has none.")
+        elif not access.is_staff(self.user) and "project" in data:
+            ours = set(
+                Pool.objects.filter(project__name=data["project"]).values_list("slug", flat=True)
+            )
+            if not data.get("pools"):
+                self.add_error("pools", "Name the pools of the project that the token may call.")
+            elif outside := sorted(set(data["pools"]) - ours):
+                self.add_error("pools", f"Not pools of the project: {', '.join(outside)}.")
         return data
+
+    def chosen_project(self) -> Project:
+        return Project.objects.get(name=self.cleaned_data["project"])

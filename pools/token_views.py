@@ -6,15 +6,15 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
-from nexus import scopes
+from nexus import access, scopes
 from nexus.models import ApiToken
-from nexus.pages import staff_required
 from nexus.ui import badges
 from pools import services
 from pools.forms import LIMIT_FIELDS, TokenIssueForm
@@ -27,9 +27,11 @@ TOKEN_REVOKE = "pools/token_revoke.html"
 
 
 def visible_tokens(user: Any) -> QuerySet[ApiToken]:
-    """Staff see every token; anyone else the tokens they issued."""
-    tokens = ApiToken.objects.select_related("created_by").order_by("-created_at", "-id")
-    return tokens if user.is_staff else tokens.filter(created_by=user)
+    """Return the tokens of the user's projects (staff: every token), newest first."""
+    tokens = ApiToken.objects.select_related("created_by", "project").order_by("-created_at", "-id")
+    if access.is_staff(user):
+        return tokens  # those of no project too, which only staff see
+    return tokens.filter(project__in=access.visible_projects(user))
 
 
 def token_state(token: ApiToken) -> str:
@@ -53,6 +55,7 @@ def token_list(request: HttpRequest) -> HttpResponse:
     """List the tokens with their state, limits and usage over the last day and month."""
     tokens = list(visible_tokens(request.user))
     usage = services.token_usage([token.pk for token in tokens], timezone.now())
+    changeable = set(access.changeable_projects(request.user).values_list("pk", flat=True))
     rows = [
         {
             "token": token,
@@ -62,18 +65,26 @@ def token_list(request: HttpRequest) -> HttpResponse:
             "day": usage[token.pk]["day"].describe(),
             "month": usage[token.pk]["month"].describe(),
             "dialog": f"revoke-{token.pk}",
+            "can_revoke": token.project_id in changeable or access.is_staff(request.user),
         }
         for token in tokens
     ]
-    context = {"rows": rows, "can_manage": request.user.is_staff, "section": "tokens"}
+    context = {
+        "rows": rows,
+        "can_issue": access.changeable_projects(request.user).exists(),
+        "can_revoke": any(row["can_revoke"] for row in rows),
+        "section": "tokens",
+    }
     return render(request, TOKEN_LIST, context)
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required("issue tokens")
+@login_required
 def token_new(request: HttpRequest) -> HttpResponse:
     """Show the form; on a valid post issue the token and show its secret, this once."""
-    form = TokenIssueForm(request.POST or None)
+    if not access.changeable_projects(request.user).exists():
+        raise PermissionDenied("Only a project's owners and members (or staff) issue tokens.")
+    form = TokenIssueForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         admin = data["kind"] == scopes.TokenKind.ADMIN
@@ -81,6 +92,7 @@ def token_new(request: HttpRequest) -> HttpResponse:
             data["name"],
             kind=scopes.TokenKind(data["kind"]),
             access=scopes.AdminAccess(data["access"] or "read") if admin else None,
+            project=form.chosen_project(),
             pools=data["pools"],
             services=data["services"],
             expires_at=data["expires_at"],
@@ -105,10 +117,12 @@ def snippet_model(token: ApiToken) -> str:
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required("revoke tokens")
+@login_required
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
-    """Confirm (GET), then revoke (POST) and go back to the list."""
-    token = get_object_or_404(ApiToken, pk=pk)
+    """Confirm (GET), then revoke (POST) and go back to the list; a project's members may."""
+    token = get_object_or_404(visible_tokens(request.user), pk=pk)
+    if not access.may_change(request.user, token.project.name if token.project else None):
+        raise PermissionDenied("Only the project's owners and members may revoke its tokens.")
     if request.method == "POST":
         if not token.is_revoked:
             token.revoke()

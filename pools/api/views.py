@@ -167,6 +167,7 @@ class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Hourly usage per client token and pool (a service's: its pool), newest hour first."""
 
     serializer_class = TokenUsageSerializer
+    permission_classes = [access.ProjectRoles]
 
     def get_queryset(self) -> QuerySet[TokenUsage]:
         rows = TokenUsage.objects.filter(pool__in=visible_pools(self.request))

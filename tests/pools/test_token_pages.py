@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from nexus.models import ApiToken
+from nexus.models import ApiToken, Membership, Project, Role
 from pools.gateway.history import write_rows
 from tests.nexus.factories import make_pool, make_user
 from tests.pools.test_history import row
@@ -62,7 +62,13 @@ def test_issuing_shows_the_secret_once_with_snippets_for_its_pool(staff: Client)
 
     page = staff.post(
         "/tokens/new/",
-        {"name": "bot", "kind": "client", "pools": ["chat"], "tokens_per_minute": "5000"},
+        {
+            "name": "bot",
+            "kind": "client",
+            "project": "default",
+            "pools": ["chat"],
+            "tokens_per_minute": "5000",
+        },
     )
 
     token = ApiToken.objects.get(name="bot")
@@ -77,7 +83,10 @@ def test_issuing_shows_the_secret_once_with_snippets_for_its_pool(staff: Client)
 
 
 def test_a_form_error_keeps_the_values_and_issues_nothing(staff: Client) -> None:
-    page = staff.post("/tokens/new/", {"name": "adm", "kind": "admin", "requests_per_minute": "5"})
+    page = staff.post(
+        "/tokens/new/",
+        {"name": "adm", "kind": "admin", "project": "default", "requests_per_minute": "5"},
+    )
 
     assert page.status_code == 400
     assert "Limits apply to client tokens" in page.content.decode()
@@ -96,16 +105,36 @@ def test_revoking_confirms_then_refuses_the_token(staff: Client) -> None:
     assert token.is_revoked
 
 
-def test_only_staff_issue_and_revoke_and_others_see_their_own_tokens() -> None:
-    member = make_user("member")
-    ApiToken.issue("theirs", created_by=member)
-    ApiToken.issue("someone else's")
-    client = Client()
-    client.force_login(member)
+def test_members_issue_and_revoke_their_projects_tokens_viewers_only_read_them() -> None:
+    acme, other = Project.objects.create(name="acme"), Project.objects.create(name="other")
+    make_pool("chat", project=acme)
+    make_pool("elsewhere", project=other)
+    member, viewer = make_user("member"), make_user("viewer")
+    Membership.objects.create(user=member, project=acme, role=Role.MEMBER)
+    Membership.objects.create(user=viewer, project=acme, role=Role.VIEWER)
+    ours, _ = ApiToken.issue("ours", project=acme, pools=["chat"])
+    ApiToken.issue("theirs", project=other, pools=["elsewhere"])
+    as_member, as_viewer = Client(), Client()
+    as_member.force_login(member)
+    as_viewer.force_login(viewer)
 
-    html = client.get("/tokens/").content.decode()
+    member_page = as_member.get("/tokens/").content.decode()
+    viewer_page = as_viewer.get("/tokens/").content.decode()
+    outside = as_member.post(
+        "/tokens/new/", {"name": "x", "kind": "client", "project": "acme", "pools": ["elsewhere"]}
+    )
+    issued = as_member.post(
+        "/tokens/new/", {"name": "bot", "kind": "client", "project": "acme", "pools": ["chat"]}
+    )
 
-    assert 'data-token="theirs"' in html and "someone else" not in html
-    assert client.get("/tokens/new/").status_code == 403
-    assert client.post(f"/tokens/{ApiToken.objects.first().pk}/revoke/").status_code == 403
+    assert 'data-token="ours"' in member_page and "theirs" not in member_page
+    assert "Revoke</a>" in member_page and "Issue token" in member_page
+    assert 'data-token="ours"' in viewer_page and "Revoke</a>" not in viewer_page
+    assert "Issue token" not in viewer_page
+    assert outside.status_code == 400
+    assert issued.status_code == 200
+    assert ApiToken.objects.get(name="bot").project == acme
+    assert as_viewer.get("/tokens/new/").status_code == 403
+    assert as_viewer.post(f"/tokens/{ours.pk}/revoke/").status_code == 403
+    assert as_member.post(f"/tokens/{ours.pk}/revoke/").status_code == 302
     assert Client().get("/tokens/").status_code == 302  # to sign in
