@@ -13,7 +13,13 @@ both; the figures are printed side by side with their ratio (this tree / REV), a
 is removed afterwards. Each tree gets its own database and bundled Redis, configured by its own
 code.
 
-Usage: python bench/gateway_overhead.py [--quick] [--compare REV [--rounds N]]
+With `--limits` it measures what a client token's limits cost instead: one Nexus under daphne
+with the memory ledger and one with the Redis ledger (the bundled Redis), each called with a token
+without limits and with one that has all three (requests and tokens per minute, concurrent
+requests; set high enough never to refuse), alternating, and prints the gateway's CPU per request
+of each, with the limited token's extra CPU.
+
+Usage: python bench/gateway_overhead.py [--quick] [--compare REV [--rounds N] | --limits]
 """
 
 from __future__ import annotations
@@ -143,6 +149,21 @@ def configure(data_dir: Path, sim_urls: dict[str, str]) -> str:
             pool=pool, name="sim", base_url=url, model_id="bench-model", capacity_weight=512
         )
     return ApiToken.issue("bench")[1]
+
+
+# A client token with every limit, none of which a benchmark reaches: what checking them costs.
+ISSUE_LIMITED = """
+import os, sys
+from pathlib import Path
+os.environ["NEXUS_DATA_DIR"] = sys.argv[1]
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nexus.settings")
+import django
+django.setup()
+from nexus.models import ApiToken
+limits = dict(requests_per_minute=10**9, tokens_per_minute=10**12, max_concurrent=10**6)
+print(ApiToken.issue("bench-limited", **limits)[1])
+"""
+LEDGERS = ("memory", "redis")
 
 
 # Run in a tree with that tree's own configure(): its models may differ from this tree's.
@@ -315,12 +336,42 @@ class Stack:
             started[server] = Server(f"{label}/{server}", port, "", process, token)
         return started
 
+    def limits(self, engine_ports: dict[str, int]) -> dict[str, tuple[Server, str]]:
+        """Start Nexus under daphne once per ledger; return each with the limited token."""
+        from nexus import embedded_redis
+        from nexus.env import bundled_redis_socket
+
+        data_dir = self.tmp / "limits"
+        data_dir.mkdir()
+        env = dict(self.env, NEXUS_DATA_DIR=str(data_dir), DJANGO_SETTINGS_MODULE="nexus.settings")
+        self.processes.append(embedded_redis.start(bundled_redis_socket(data_dir)))
+        urls = {slug: f"http://127.0.0.1:{port}/v1" for slug, port in engine_ports.items()}
+        token = configure_tree(REPO_ROOT, env, data_dir, urls)
+        issued = subprocess.run(
+            [sys.executable, "-c", ISSUE_LIMITED, str(data_dir)],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        limited = issued.stdout.strip().splitlines()[-1]
+        servers = {}
+        for ledger in LEDGERS:
+            port = free_port()
+            process = self.start(
+                f"limits-{ledger}", daphne_argv(port, "nexus.asgi:application"), GATEWAY_CPU,
+                NEXUS_DATA_DIR=str(data_dir), NEXUS_LEDGER=ledger,
+            )  # fmt: skip
+            wait_http(f"http://127.0.0.1:{port}/healthz", process)
+            servers[ledger] = (Server(f"daphne/{ledger}", port, "", process, token), limited)
+        return servers
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests per scenario")
     parser.add_argument("--compare", metavar="REV", help="measure this tree against REV")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (--compare)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds")
+    parser.add_argument(
+        "--limits", action="store_true", help="a token with limits versus none, per ledger"
+    )
     args = parser.parse_args()
     scale = 0.25 if args.quick else 1.0
     os.sched_setaffinity(0, OTHER_CPU)
@@ -344,6 +395,8 @@ def main() -> None:
                 this = stack.nexus(REPO_ROOT, "this", engine_ports)
                 other = stack.nexus(worktree, "rev", engine_ports)
                 compare(rev, other, this, engine_ports, scale, args.rounds)
+            elif args.limits:
+                limits_report(stack.limits(engine_ports), scale, args.rounds)
             else:
                 this = stack.nexus(REPO_ROOT, "nexus", engine_ports)
                 groups = single_run_groups(stack, this, engine_ports)
@@ -420,6 +473,41 @@ def report(groups: dict[str, list[Server]], scale: float) -> None:
             )
     print("latency under concurrency includes the shared CPU of the simulator and load generator;")
     print("the gateway's CPU per request is measured on its own pinned core.")
+
+
+def limits_report(servers: dict[str, tuple[Server, str]], scale: float, rounds: int) -> None:
+    """Measure each ledger's gateway with and without a limited token, alternating; print both."""
+    print(f"token limits: gateway CPU per request, {rounds} alternating rounds per figure")
+    print(f"{'scenario':<16}{'ledger':<9}{'n':>6}{'req/s none':>12}{'req/s limited':>15}"
+          f"{'CPU ms/req none':>17}{'limited':>9}{'+ms':>8}")  # fmt: skip
+    for scenario in SCENARIOS:
+        name, concurrency, _, _, slug = scenario
+        for ledger, (server, limited) in servers.items():
+            pair = {
+                "none": Server(server.label, server.port, f"@pool/{slug}", server.process,
+                               server.token),
+                "limited": Server(server.label, server.port, f"@pool/{slug}", server.process,
+                                  limited),
+            }  # fmt: skip
+            totals: dict[str, Result] = {}
+            for round_ in range(rounds):
+                order = ["none", "limited"] if round_ % 2 == 0 else ["limited", "none"]
+                for label in order:
+                    result = measure_server(pair[label], scenario, scale)
+                    totals[label] = totals[label].add(result) if label in totals else result
+            none, with_limits = totals["none"], totals["limited"]
+            none_cpu = none.cpu_per_request or 0.0
+            limited_cpu = with_limits.cpu_per_request or 0.0
+            print(
+                f"{name + f' c={concurrency}':<16}{ledger:<9}{with_limits.requests:>6}"
+                f"{none.rate:>12.0f}{with_limits.rate:>15.0f}{none_cpu:>17.3f}"
+                f"{limited_cpu:>9.3f}{limited_cpu - none_cpu:>+8.3f}",
+                flush=True,
+            )
+    print("CPU ms/req: the gateway process's CPU (user + system, its own pinned core) per request;")
+    print(
+        "+ms: what the limited token's checks add (one ledger call before, one after with Redis)."
+    )
 
 
 def compare(

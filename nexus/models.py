@@ -243,7 +243,8 @@ class ApiToken(ConfigInput):
 
     config_fields = frozenset(
         {"name", "token_hash", "kind", "access", "all_pools", "pools", "services",
-         "expires_at", "revoked_at"}
+         "expires_at", "revoked_at", "requests_per_minute", "tokens_per_minute",
+         "max_concurrent"}
     )  # fmt: skip
 
     name = models.CharField(max_length=100)
@@ -282,6 +283,18 @@ class ApiToken(ConfigInput):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Limits the gateway enforces for this token alone, across every gateway process (empty: none).
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests in any 60 s window; empty for no limit."
+    )
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Prompt and completion tokens in any 60 s window; empty for no limit.",
+    )
+    max_concurrent = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests in progress at once; empty for no limit."
+    )
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -303,6 +316,9 @@ class ApiToken(ConfigInput):
         services: list[str] | None = None,
         expires_at: datetime | None = None,
         created_by: models.Model | None = None,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        max_concurrent: int | None = None,
     ) -> tuple[ApiToken, str]:
         """Create a token and return it with its secret, which is never stored.
 
@@ -327,6 +343,9 @@ class ApiToken(ConfigInput):
             services=sorted(set(services or [])),
             expires_at=expires_at,
             created_by_id=created_by.pk if created_by is not None else None,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            max_concurrent=max_concurrent,
         )
         return token, secret
 

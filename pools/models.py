@@ -246,6 +246,7 @@ class RoutingOutcome(models.TextChoices):
     NO_TARGET = "no_target", "No target"
     INTERRUPTED = "interrupted", "Interrupted"
     CLIENT_GONE = "client_gone", "Client gone"
+    RATE_LIMITED = "rate_limited", "Rate limited"
 
 
 class RoutingRecord(models.Model):
@@ -288,6 +289,9 @@ class RoutingRecord(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first output.")
     total_ms = models.FloatField(default=0.0)
     stream = models.BooleanField(default=False)
+    # From the answer's `usage` (a stream's usage chunk); None when the target reported none.
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     # When the request arrived, set by the gateway: not auto_now_add, which would stamp the time of
     # the batched insert instead.
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -302,3 +306,33 @@ class RoutingRecord(models.Model):
 
     def __str__(self) -> str:
         return self.request_id
+
+
+class TokenUsage(models.Model):
+    """What one client token used of one pool (a service's: its pool) in one hour (UTC).
+
+    Summed from the routing history's batches as they are written (pools.gateway.history), never
+    per request; kept apart from the history, whose retention is shorter.
+    """
+
+    # The token's id without a foreign key, as in RoutingRecord: a write checks nothing, and a
+    # deleted token's usage stays countable.
+    token_id = models.BigIntegerField()
+    pool = models.ForeignKey(Pool, related_name="token_usage", on_delete=models.CASCADE)
+    hour = models.DateTimeField(help_text="The start of the hour (UTC).")
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0, help_text="Requests not answered OK.")
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-hour", "token_id", "pool_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["token_id", "pool", "hour"], name="token_usage_one_row_per_hour"
+            )
+        ]
+        indexes = [models.Index(fields=["hour"], name="token_usage_hour")]
+
+    def __str__(self) -> str:
+        return f"token {self.token_id} in pool {self.pool_id} at {self.hour:%Y-%m-%d %H}:00"

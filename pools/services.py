@@ -5,13 +5,16 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.db import transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
-from nexus.models import DEFAULT_PROJECT, project_named
+from nexus.models import DEFAULT_PROJECT, ApiToken, project_named
+from nexus.ui import format as ui_format
 from pools import live
 from pools.balancer.continuity import continuity_keys
 from pools.balancer.snapshot import Decision, RequestFacts
@@ -24,6 +27,7 @@ from pools.models import (
     Target,
     TargetHealth,
     TargetState,
+    TokenUsage,
     all_request_kinds,
 )
 
@@ -339,3 +343,64 @@ def gateway_health() -> dict[str, Any] | None:
     from pools.gateway.app import serving_health
 
     return serving_health()
+
+
+# -- the tokens page ---------------------------------------------------------------------------
+
+USAGE_WINDOWS = {"day": timedelta(hours=24), "month": timedelta(days=30)}
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """A token's usage over a window, summed from its hourly rows."""
+
+    requests: int = 0
+    errors: int = 0
+    tokens: int = 0
+
+    def describe(self) -> list[str]:
+        """Say it in a few words, one line each: "12 requests", "1 error", "3,400 tokens"."""
+        if not self.requests:
+            return []
+        parts = [ui_format.count(self.requests, "request")]
+        if self.errors:
+            parts.append(ui_format.count(self.errors, "error"))
+        parts.append(ui_format.count(self.tokens, "token"))
+        return parts
+
+
+def token_usage(token_ids: Sequence[int], now: datetime) -> dict[int, dict[str, UsageTotals]]:
+    """Return each token's usage over the last 24 h ("day") and 30 days ("month"): one query each.
+
+    Hours count whole: the day is the 24 hours whose rows started after now - 24 h.
+    """
+    usage: dict[int, dict[str, UsageTotals]] = {
+        token_id: dict.fromkeys(USAGE_WINDOWS, UsageTotals()) for token_id in token_ids
+    }
+    for window, span in USAGE_WINDOWS.items():
+        rows = (
+            TokenUsage.objects.filter(token_id__in=token_ids, hour__gt=now - span)
+            .values("token_id")
+            .annotate(
+                requests=Sum("requests"),
+                errors=Sum("errors"),
+                tokens=Sum(F("prompt_tokens") + F("completion_tokens")),
+            )
+        )
+        for row in rows:
+            usage[row["token_id"]][window] = UsageTotals(
+                row["requests"] or 0, row["errors"] or 0, row["tokens"] or 0
+            )
+    return usage
+
+
+def describe_limits(token: ApiToken) -> list[str]:
+    """Name the token's limits ("60 req/min", "10,000 tok/min", "4 at once"); empty for none."""
+    limits = []
+    if token.requests_per_minute is not None:
+        limits.append(f"{ui_format.number(token.requests_per_minute)} req/min")
+    if token.tokens_per_minute is not None:
+        limits.append(f"{ui_format.number(token.tokens_per_minute)} tok/min")
+    if token.max_concurrent is not None:
+        limits.append(f"{ui_format.number(token.max_concurrent)} at once")
+    return limits

@@ -88,6 +88,9 @@ class ApiTokenSerializer(serializers.ModelSerializer):
             "revoked_at",
             "revoked",
             "expired",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "max_concurrent",
         ]
         read_only_fields = ["prefix", "all_pools", "created_at", "last_used_at", "revoked_at"]
 
@@ -143,6 +146,9 @@ class IssuedApiTokenSerializer(ApiTokenSerializer):
             pools=validated_data.get("pools"),
             expires_at=validated_data.get("expires_at"),
             created_by=self.context["request"].user,
+            requests_per_minute=validated_data.get("requests_per_minute"),
+            tokens_per_minute=validated_data.get("tokens_per_minute"),
+            max_concurrent=validated_data.get("max_concurrent"),
         )
         return token
 

@@ -47,5 +47,5 @@ NAVIGATION: tuple[tuple[str, tuple[Item, ...]], ...] = (
             Item("Chat"),
         ),
     ),
-    ("Access", (Item("Tokens"), Item("Projects"))),
+    ("Access", (Item("Tokens", "tokens:list"), Item("Projects"))),
 )

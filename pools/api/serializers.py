@@ -17,6 +17,7 @@ from pools.models import (
     RoutingOutcome,
     RoutingRecord,
     Target,
+    TokenUsage,
     node_base_url,
     node_model_problem,
 )
@@ -225,6 +226,48 @@ class HistoryFilterSerializer(serializers.Serializer):
     token = serializers.IntegerField(required=False, help_text="Only requests with this token id.")
     since = serializers.DateTimeField(required=False, help_text="Only requests from this time on.")
     until = serializers.DateTimeField(required=False, help_text="Only requests before this time.")
+
+
+class UsageFilterSerializer(serializers.Serializer):
+    """The usage list's query parameters, checked before they reach the database."""
+
+    token = serializers.IntegerField(required=False, help_text="Only this token id's usage.")
+    pool = serializers.SlugField(required=False, help_text="Only usage of this pool (slug).")
+    service = serializers.CharField(
+        required=False, help_text="Only usage of this model service (by name)."
+    )
+    since = serializers.DateTimeField(
+        required=False, help_text="Only hours starting at this time or later."
+    )
+    until = serializers.DateTimeField(required=False, help_text="Only hours starting before this.")
+
+
+class TokenUsageSerializer(serializers.ModelSerializer):
+    """One token's requests, errors and tokens in one pool during one hour (UTC)."""
+
+    pool: serializers.SlugRelatedField[Pool] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    service = serializers.SerializerMethodField(
+        help_text="The model service owning the pool, if any."
+    )
+
+    class Meta:
+        model = TokenUsage
+        fields = [
+            "token_id",
+            "pool",
+            "service",
+            "hour",
+            "requests",
+            "errors",
+            "prompt_tokens",
+            "completion_tokens",
+        ]
+
+    def get_service(self, usage: TokenUsage) -> str | None:
+        service = getattr(usage.pool, "service", None)
+        return service.name if service is not None else None
 
 
 class DryRunSerializer(serializers.Serializer):

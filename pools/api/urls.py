@@ -11,5 +11,6 @@ router.include_root_view = False
 router.register("pools", views.PoolViewSet, basename="pool")
 router.register("targets", views.TargetViewSet, basename="target")
 router.register("history", views.HistoryViewSet, basename="history")
+router.register("usage", views.UsageViewSet, basename="usage")
 
 urlpatterns = router.urls

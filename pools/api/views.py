@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import status, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,9 +21,11 @@ from pools.api.serializers import (
     RoutingRecordDetailSerializer,
     RoutingRecordSerializer,
     TargetSerializer,
+    TokenUsageSerializer,
+    UsageFilterSerializer,
     visible_pools,
 )
-from pools.models import Pool, RoutingRecord, Target
+from pools.models import Pool, RoutingRecord, Target, TokenUsage
 
 
 class PoolViewSet(viewsets.ModelViewSet):
@@ -158,3 +160,29 @@ class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
         if "until" in wanted:
             records = records.filter(created_at__lt=wanted["until"])
         return records
+
+
+@extend_schema_view(list=extend_schema(parameters=[UsageFilterSerializer]))
+class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Hourly usage per client token and pool (a service's: its pool), newest hour first."""
+
+    serializer_class = TokenUsageSerializer
+    permission_classes = [access.ProjectRoles]
+
+    def get_queryset(self) -> QuerySet[TokenUsage]:
+        rows = TokenUsage.objects.filter(pool__in=visible_pools(self.request))
+        rows = rows.select_related("pool__service").order_by("-hour", "token_id", "pool_id")
+        filters = UsageFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        wanted = filters.validated_data
+        if "token" in wanted:
+            rows = rows.filter(token_id=wanted["token"])
+        if "pool" in wanted:
+            rows = rows.filter(pool__slug=wanted["pool"])
+        if "service" in wanted:
+            rows = rows.filter(pool__service__name=wanted["service"])
+        if "since" in wanted:
+            rows = rows.filter(hour__gte=wanted["since"])
+        if "until" in wanted:
+            rows = rows.filter(hour__lt=wanted["until"])
+        return rows

@@ -28,6 +28,7 @@ from pools.gateway.flight import NOT_FORWARDED, Flight, Forward, Router, forward
 from pools.gateway.registry import Registry
 from pools.gateway.snapshot import SERVE_KIND, PoolEntry, Snapshot, TokenEntry
 from pools.gateway.state import GatewayState
+from pools.gateway.usage import ask_for_usage
 from pools.models import POOL_MODEL_PREFIX
 
 Scope = MutableMapping[str, Any]
@@ -182,6 +183,9 @@ class Gateway:
         token = await self._authenticate(scope, snapshot)
         payload = self._parse(await self._read_body(scope, receive))
         pool = self._pool_for(payload, token, snapshot)
+        if token.limits.tokens_per_minute is not None and payload.get("stream") is True:
+            # A stream counts against the limit only if its answer reports its usage.
+            ask_for_usage(payload)
         flight = self._flight(scope, request_id, token, pool, kind, payload)
         await self._with_disconnect_watch(receive, self.router().fly(send, flight))
 

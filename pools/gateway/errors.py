@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 
 
@@ -185,6 +186,18 @@ def queue_full(label: str, reason: str, retry_after_s: int) -> GatewayError:
         code="queue_full",
         error_type="rate_limit_error",
         headers=((b"retry-after", str(retry_after_s).encode()),),
+    )
+
+
+def rate_limited(token: str, limit: str, value: int, retry_after_s: float) -> GatewayError:
+    """Refuse a request over one of its token's limits (pools.balancer.limits)."""
+    seconds = max(1, math.ceil(retry_after_s))
+    return GatewayError(
+        429,
+        f"Token '{token}' is over its limit of {value} {limit}; retry after {seconds} s.",
+        code="rate_limit_exceeded",
+        error_type="rate_limit_error",
+        headers=((b"retry-after", str(seconds).encode()),),
     )
 
 

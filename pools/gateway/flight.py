@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +30,10 @@ from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, 
 from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
 from pools.gateway.history import AttemptRow, HistoryRow
-from pools.gateway.ledger import Lease
+from pools.gateway.ledger import Admission, Lease
 from pools.gateway.snapshot import PoolEntry, TargetEntry, TokenEntry
 from pools.gateway.state import GatewayState
+from pools.gateway.usage import TAIL_CHUNKS, USAGE_KEY, read_usage
 from pools.models import RoutingOutcome
 
 Message = MutableMapping[str, Any]
@@ -127,6 +129,7 @@ class Flight:
     outcome: str = RoutingOutcome.CLIENT_GONE
     failure_reason: str = ""
     retries_held: int = 0  # retry-budget slots to give back
+    usage: tuple[int, int] | None = None  # (prompt, completion) tokens the answer reported
 
     def history_row(self) -> HistoryRow:
         decision = self.decision.to_dict() if self.decision else {}
@@ -156,6 +159,8 @@ class Flight:
             "ttft_ms": round(self.ttft_s * 1000, 3) if self.ttft_s is not None else None,
             "total_ms": round((time.monotonic() - self.started) * 1000, 3),
             "stream": self.stream,
+            "prompt_tokens": self.usage[0] if self.usage else None,
+            "completion_tokens": self.usage[1] if self.usage else None,
         }
 
 
@@ -168,8 +173,17 @@ class Router:
     async def fly(self, send: Send, flight: Flight) -> None:
         """Answer the request from the best target, retrying where that is safe."""
         pool = flight.pool
+        token = flight.token
+        admission: Admission | None = None
         self.state.begin(pool)
         try:
+            if token is not None and token.limits.any:
+                # Before the queue: a token's limits are its own, apart from the pool's fairness.
+                admission = await self.state.admit(token.id, token.limits)
+                if admission.refused is not None:
+                    limit = admission.refused
+                    value = token.limits.value(limit) or 0
+                    raise errors.rate_limited(token.name, limit, value, admission.retry_after_s)
             await self._attempts(send, flight)
         except GatewayError as error:
             flight.status = error.status
@@ -192,6 +206,9 @@ class Router:
                 time.monotonic() - flight.started,
             )
             self.state.end(pool, flight.retries_held, flight.history_row())
+            if admission is not None and admission.refused is None:
+                used = sum(flight.usage) if flight.usage else 0
+                await asyncio.shield(self.state.settle(admission, used))
 
     async def _attempts(self, send: Send, flight: Flight) -> None:
         exclude: set[int] = set()
@@ -390,6 +407,7 @@ class Router:
         chunks = 0
         broken: httpx.HTTPError | None = None
         first_at: float | None = None
+        encoded = "content-encoding" in response.headers  # its usage cannot be read
         if not is_sse and length.isdigit() and int(length) <= WHOLE_BODY_MAX_BYTES:
             # One JSON document: read it and answer in one piece (fewer writes, same latency).
             # Raw bytes: the body keeps its content-encoding, which is relayed with it.
@@ -406,14 +424,18 @@ class Router:
             await send(start)
             await send({"type": "http.response.body", "body": body, "more_body": False})
             chunks = 1
+            if not encoded and USAGE_KEY in body:
+                flight.usage = read_usage(body)
         else:
             await send(start)
+            tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
             try:
                 async for chunk in response.aiter_raw():
                     if first_at is None:
                         first_at = time.monotonic()
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     chunks += 1
+                    tail.append(chunk)
             except httpx.HTTPError as exc:
                 broken = exc
                 # Output already reached the client: no retry; end the stream with an error.
@@ -423,6 +445,8 @@ class Router:
                         {"type": "http.response.body", "body": event + b"\n\n", "more_body": True}
                     )
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not encoded:
+                flight.usage = read_usage(b"".join(tail))
         # An error status is a failure of its own kind (refused, client, server error) even
         # though its body reached the client; otherwise only a broken body makes one.
         phase = classify(
@@ -562,4 +586,5 @@ def _outcome_of(error: GatewayError) -> str:
         "queue_full": RoutingOutcome.QUEUE_FULL,
         "queue_timeout": RoutingOutcome.QUEUE_TIMEOUT,
         "no_target_available": RoutingOutcome.NO_TARGET,
+        "rate_limit_exceeded": RoutingOutcome.RATE_LIMITED,
     }.get(error.code, RoutingOutcome.UPSTREAM_ERROR)

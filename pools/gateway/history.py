@@ -1,4 +1,8 @@
-"""Routing history, buffered in memory and written in batches off the request path."""
+"""Routing history, buffered in memory and written in batches off the request path.
+
+Each batch also adds its requests to the tokens' hourly usage (TokenUsage), in the same
+transaction: usage is never written per request either.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,11 @@ from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import IntegrityError, close_old_connections, transaction
+from django.db.models import F
 
 from pools.gateway import metrics
-from pools.models import Pool, RoutingRecord, Target
+from pools.models import Pool, RoutingOutcome, RoutingRecord, Target, TokenUsage
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,8 @@ class HistoryRow(TypedDict, total=False):
     ttft_ms: float | None
     total_ms: float
     stream: bool
+    prompt_tokens: int | None
+    completion_tokens: int | None
 
 
 class HistoryWriter:
@@ -168,11 +175,14 @@ class HistoryWriter:
 
 
 def write_rows(rows: list[HistoryRow]) -> int:
-    """Insert the rows in one statement; return how many were written."""
+    """Insert the rows in one statement and add them to the usage; return how many were written."""
     try:
-        records = _records(rows)
-        # ignore_conflicts: a batch retried after a write that did succeed inserts nothing twice.
-        RoutingRecord.objects.bulk_create(records, ignore_conflicts=True)
+        with transaction.atomic():
+            records = _records(rows)
+            # ignore_conflicts: a batch retried after a write that did succeed inserts nothing
+            # twice (its usage would count twice: only if the commit's answer was lost).
+            RoutingRecord.objects.bulk_create(records, ignore_conflicts=True)
+            add_usage(records)
         return len(records)
     except Exception:
         # A dropped database connection must not stick: the next attempt reconnects.
@@ -202,3 +212,39 @@ def _records(rows: list[HistoryRow]) -> list[RoutingRecord]:
         except (TypeError, ValueError):
             log.error("skipped a malformed routing record: %r", row.get("request_id"))
     return records
+
+
+UsageKey = tuple[int, int, datetime]  # token id, pool id, hour
+
+
+def usage_of(records: list[RoutingRecord]) -> dict[UsageKey, dict[str, int]]:
+    """Sum the records' requests, errors and tokens per token, pool and hour (UTC)."""
+    totals: dict[UsageKey, dict[str, int]] = {}
+    for record in records:
+        if record.token_id is None:
+            continue  # a public service's anonymous caller has no usage to count
+        hour = record.created_at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        key = (record.token_id, record.pool_id, hour)
+        sums = totals.setdefault(
+            key, {"requests": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        )
+        sums["requests"] += 1
+        sums["errors"] += record.outcome != RoutingOutcome.OK
+        sums["prompt_tokens"] += record.prompt_tokens or 0
+        sums["completion_tokens"] += record.completion_tokens or 0
+    return totals
+
+
+def add_usage(records: list[RoutingRecord]) -> None:
+    """Add the records to the hourly usage rows, one statement or two per token, pool and hour."""
+    for (token_id, pool_id, hour), sums in usage_of(records).items():
+        rows = TokenUsage.objects.filter(token_id=token_id, pool_id=pool_id, hour=hour)
+        increments = {name: F(name) + value for name, value in sums.items()}
+        if rows.update(**increments):
+            continue
+        try:
+            with transaction.atomic():
+                TokenUsage.objects.create(token_id=token_id, pool_id=pool_id, hour=hour, **sums)
+        except IntegrityError:
+            # Another gateway's writer created the hour's row since: add to it.
+            rows.update(**increments)

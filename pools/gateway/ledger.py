@@ -1,5 +1,9 @@
 """The load ledger: in-flight requests per target, in this process or shared through Redis.
 
+It also keeps each client token's limits (pools.balancer.limits): `admit` counts a request against
+the token's windows and concurrency before it is routed, `settle` gives back what it held and
+counts the tokens its answer used. With Redis every gateway process shares one budget per token.
+
 Every granted acquire hands out a `Lease`; releasing it is the only way to give the slot back, and
 releasing it twice changes nothing. `in_flight()` never does I/O: the balancer's decision reads
 the count the ledger last learned (exact in memory; from the last acquire, release or refresh
@@ -26,6 +30,8 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.exceptions import RedisError
+
+from pools.balancer.limits import CONCURRENCY_RETRY_S, Limit, TokenLimits, prune, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +77,17 @@ class LedgerStatus:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A token's request let through its limits (or refused: `refused` says by which one)."""
+
+    token_id: int
+    lease_id: str | None = None  # a concurrency slot, given back by settle()
+    counts_tokens: bool = False  # the token has a tokens-per-minute limit: settle() counts them
+    refused: Limit | None = None
+    retry_after_s: float = 0.0
+
+
 class LoadLedger(Protocol):
     """Count in-flight requests per target and admit one only below the target's capacity."""
 
@@ -97,6 +114,15 @@ class LoadLedger(Protocol):
         """Extend the leases of requests still running."""
         ...
 
+    async def admit(self, token_id: int, limits: TokenLimits) -> Admission:
+        """Let a request of the token through its limits, or say which refuses it and for how
+        long; never raises (an unreachable shared ledger lets it through)."""
+        ...
+
+    async def settle(self, admission: Admission, tokens: int) -> None:
+        """End an admitted request: give back its concurrency slot, count the tokens it used."""
+        ...
+
     async def aclose(self) -> None:
         """Stop background work and close connections."""
         ...
@@ -109,6 +135,12 @@ class LoadLedger(Protocol):
 def lease_set_key(prefix: str, target_id: int) -> str:
     """Return the Redis key of a target's lease set (prefix: NEXUS_REDIS_PREFIX)."""
     return f"{prefix}:ledger:target:{target_id}"
+
+
+def token_limit_keys(prefix: str, token_id: int) -> list[str]:
+    """Return the Redis keys of a token's request window, token window and running set."""
+    base = f"{prefix}:ledger:token:{token_id}"
+    return [f"{base}:requests", f"{base}:tokens", f"{base}:running"]
 
 
 class _LeaseIds:
@@ -131,6 +163,10 @@ class MemoryLedger:
         self._counts: dict[int, int] = defaultdict(int)
         self._held: set[str] = set()
         self._ids = _LeaseIds()
+        self._request_windows: defaultdict[int, dict[int, int]] = defaultdict(dict)
+        self._token_windows: defaultdict[int, dict[int, int]] = defaultdict(dict)
+        self._running: defaultdict[int, int] = defaultdict(int)
+        self._admitted: set[str] = set()
 
     async def try_acquire(self, target_id: int, capacity: int) -> Lease | None:
         # No await between the check and the increment: atomic on the event loop.
@@ -155,6 +191,40 @@ class MemoryLedger:
 
     async def renew(self, leases: Iterable[Lease]) -> None:
         return None
+
+    async def admit(self, token_id: int, limits: TokenLimits) -> Admission:
+        # No await anywhere: the checks and the counting are atomic on the event loop.
+        now = time.time()
+        requests = self._request_windows[token_id]
+        checks = (
+            (Limit.REQUESTS_PER_MINUTE, limits.requests_per_minute, requests),
+            (Limit.TOKENS_PER_MINUTE, limits.tokens_per_minute, self._token_windows[token_id]),
+        )
+        for limit, value, window in checks:
+            if value is not None:
+                wait = retry_after(window, prune(window, now), value, now)
+                if wait is not None:
+                    return Admission(token_id, refused=limit, retry_after_s=wait)
+        if limits.concurrent is not None and self._running[token_id] >= limits.concurrent:
+            return Admission(token_id, refused=Limit.CONCURRENT, retry_after_s=CONCURRENCY_RETRY_S)
+        if limits.requests_per_minute is not None:
+            requests[int(now)] = requests.get(int(now), 0) + 1
+        lease_id = None
+        if limits.concurrent is not None:
+            lease_id = self._ids.next()
+            self._running[token_id] += 1
+            self._admitted.add(lease_id)
+        return Admission(token_id, lease_id, counts_tokens=limits.tokens_per_minute is not None)
+
+    async def settle(self, admission: Admission, tokens: int) -> None:
+        token_id = admission.token_id
+        if admission.lease_id is not None and admission.lease_id in self._admitted:
+            self._admitted.discard(admission.lease_id)
+            self._running[token_id] = max(0, self._running[token_id] - 1)
+        if admission.counts_tokens and tokens > 0:
+            window = self._token_windows[token_id]
+            second = int(time.time())
+            window[second] = window.get(second, 0) + tokens
 
     async def aclose(self) -> None:
         return None
@@ -254,6 +324,72 @@ end
 return {redis.call('ZCARD', KEYS[1]), now_us}
 """
 )
+# A token's limits, the rule of pools.balancer.limits in Lua. KEYS: the token's request window,
+# token window (hashes: epoch second -> amount) and running set (a lease set, as a target's).
+# ARGV: requests per minute, tokens per minute, concurrent (0: no limit), lease id, lease ttl ms.
+# Returns {0, 0} when admitted, else {1|2|3 (the limit refusing), retry after in ms}.
+ADMIT_LUA = (
+    _NOW
+    + """
+local window_s = 60
+local function refusal(key, limit)
+  local flat = redis.call('HGETALL', key)
+  local total, kept = 0, {}
+  for i = 1, #flat, 2 do
+    local second, amount = tonumber(flat[i]), tonumber(flat[i + 1])
+    if second <= math.floor(now_us / 1000000) - window_s then
+      redis.call('HDEL', key, flat[i])
+    else
+      total = total + amount
+      table.insert(kept, {second, amount})
+    end
+  end
+  if total < limit then return nil end
+  table.sort(kept, function(a, b) return a[1] < b[1] end)
+  for _, bucket in ipairs(kept) do
+    total = total - bucket[2]
+    if total < limit then return (bucket[1] + window_s) * 1000 - now end
+  end
+  return window_s * 1000
+end
+local rpm, tpm, concurrent = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if rpm > 0 then
+  local wait = refusal(KEYS[1], rpm)
+  if wait then return {1, wait} end
+end
+if tpm > 0 then
+  local wait = refusal(KEYS[2], tpm)
+  if wait then return {2, wait} end
+end
+local ttl = tonumber(ARGV[5])
+if concurrent > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if redis.call('ZCARD', KEYS[3]) >= concurrent then return {3, 0} end
+  redis.call('ZADD', KEYS[3], now + ttl, ARGV[4])
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
+if rpm > 0 then
+  redis.call('HINCRBY', KEYS[1], math.floor(now_us / 1000000), 1)
+  redis.call('EXPIRE', KEYS[1], window_s + 1)
+end
+return {0, 0}
+"""
+)
+# KEYS: the token's token window and running set; ARGV: tokens used, lease id ("" for none).
+SETTLE_LUA = (
+    _NOW
+    + """
+if ARGV[2] ~= '' then redis.call('ZREM', KEYS[2], ARGV[2]) end
+local tokens = tonumber(ARGV[1])
+if tokens > 0 then
+  redis.call('HINCRBY', KEYS[1], math.floor(now_us / 1000000), tokens)
+  redis.call('EXPIRE', KEYS[1], 61)
+end
+return 1
+"""
+)
+# What ADMIT_LUA's first answer means.
+REFUSALS = {1: Limit.REQUESTS_PER_MINUTE, 2: Limit.TOKENS_PER_MINUTE, 3: Limit.CONCURRENT}
 # An answer older than the newest one seen by more than this is not a reordering (those are a
 # round trip apart) but the Redis clock stepping back: take it rather than freeze the count.
 CLOCK_STEP_US = 5_000_000
@@ -296,6 +432,9 @@ class RedisLedger:
         self._count = self._redis.register_script(COUNT_LUA)
         self._renew = self._redis.register_script(RENEW_LUA)
         self._reclaim = self._redis.register_script(RECLAIM_LUA)
+        self._admit = self._redis.register_script(ADMIT_LUA)
+        self._settle = self._redis.register_script(SETTLE_LUA)
+        self._running: dict[str, int] = {}  # concurrency lease id -> token id
         self._counts: dict[int, int] = {}
         self._count_times: dict[int, int] = {}
         self._held: dict[str, Lease] = {}
@@ -419,6 +558,82 @@ class RedisLedger:
             self.lost_leases += len(lost)
             log.warning("%d leases expired before renewal: %s", len(lost), ", ".join(lost[:10]))
 
+    async def admit(self, token_id: int, limits: TokenLimits) -> Admission:
+        if self._outage_since is not None:
+            return Admission(token_id)  # Redis is away: limits wait for it (docs/access.md)
+        keys = token_limit_keys(self._prefix, token_id)
+        lease_id = self._ids.next() if limits.concurrent is not None else None
+        args: list[int | str] = [
+            limits.requests_per_minute or 0,
+            limits.tokens_per_minute or 0,
+            limits.concurrent or 0,
+            lease_id or "",
+            self._ttl_ms,
+        ]
+        admitted = Admission(token_id, lease_id, counts_tokens=limits.tokens_per_minute is not None)
+        # Shielded as in try_acquire: a slot granted to a client that left is given back at once.
+        call = asyncio.ensure_future(self._admit(keys=keys, args=args))
+        try:
+            code, wait_ms = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(lambda done: self._settle_orphan(done, admitted))
+            raise
+        except (RedisError, OSError):
+            # A Redis outage never refuses a request: it goes unlimited until Redis is back.
+            log.warning("token limits unreachable; token %d goes unlimited", token_id)
+            return Admission(token_id)
+        if code:
+            limit = REFUSALS[int(code)]
+            wait_s = CONCURRENCY_RETRY_S if limit is Limit.CONCURRENT else int(wait_ms) / 1000
+            return Admission(token_id, refused=limit, retry_after_s=wait_s)
+        if lease_id is not None:
+            self._running[lease_id] = token_id
+            self._ensure_renewer()
+        return admitted
+
+    async def settle(self, admission: Admission, tokens: int) -> None:
+        lease_id = admission.lease_id
+        held = lease_id if lease_id and self._running.pop(lease_id, None) is not None else ""
+        tokens = tokens if admission.counts_tokens else 0
+        if not held and tokens <= 0:
+            return
+        keys = token_limit_keys(self._prefix, admission.token_id)
+        try:
+            await self._settle(keys=keys[1:], args=[tokens, held])
+        except (RedisError, OSError):
+            log.warning("could not settle token %d's request; its slot expires with its TTL",
+                        admission.token_id)  # fmt: skip
+
+    async def _renew_running(self) -> None:
+        """Extend the concurrency leases of tokens' requests still running."""
+        by_token: dict[int, list[str]] = defaultdict(list)
+        for lease_id, token_id in self._running.items():
+            by_token[token_id].append(lease_id)
+        if not by_token:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for token_id, lease_ids in by_token.items():
+                    key = token_limit_keys(self._prefix, token_id)[2]
+                    await self._renew(keys=[key], args=[self._ttl_ms, *lease_ids], client=pipe)
+                answers = await pipe.execute()
+        except (RedisError, OSError):
+            log.warning("could not renew %d token concurrency leases", len(self._running))
+            return
+        for answer in answers:
+            for lease_id in answer:
+                self._running.pop(lease_id.decode(), None)
+
+    def _settle_orphan(self, call: asyncio.Future[Any], admission: Admission) -> None:
+        if call.cancelled() or call.exception() is not None or call.result()[0]:
+            return
+        if admission.lease_id is None:
+            return  # nothing held; its request was counted, as it was sent
+        self._running[admission.lease_id] = admission.token_id
+        task = asyncio.get_running_loop().create_task(self.settle(admission, 0))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def aclose(self) -> None:
         """Stop renewing and close the connections; leases still held expire after the TTL."""
         if self._renewer is not None:
@@ -512,6 +727,7 @@ class RedisLedger:
         while True:
             await asyncio.sleep(self.renew_interval_s)
             await self.renew(list(self._held.values()))
+            await self._renew_running()
 
     def _release_orphan(self, call: asyncio.Future[Any], lease: Lease) -> None:
         if call.cancelled() or call.exception() is not None or not call.result()[0]:

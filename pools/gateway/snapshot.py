@@ -8,6 +8,7 @@ import httpx
 
 from nexus import scopes
 from nexus.models import ApiToken, ConfigVersion
+from pools.balancer.limits import NO_LIMITS, TokenLimits
 from pools.balancer.snapshot import DrainState, Health, PoolPolicy, TargetView
 from pools.models import Pool, Target, node_base_url
 
@@ -33,6 +34,7 @@ class TokenEntry:
     name: str
     scope: scopes.TokenScope
     expires_at: float | None  # epoch seconds
+    limits: TokenLimits = NO_LIMITS
 
     def may_use(self, pool: PoolEntry) -> bool:
         """Say whether the token may call the pool (a service's pool: the service)."""
@@ -237,6 +239,11 @@ def token_entry(token: ApiToken) -> TokenEntry:
         name=token.name,
         scope=token.scope,
         expires_at=token.expires_at.timestamp() if token.expires_at else None,
+        limits=TokenLimits(
+            requests_per_minute=token.requests_per_minute,
+            tokens_per_minute=token.tokens_per_minute,
+            concurrent=token.max_concurrent,
+        ),
     )
 
 

@@ -25,6 +25,7 @@ from nexus import upstream
 from pools import services
 from pools.balancer.continuity import AffinityMap, continuity_keys
 from pools.balancer.health import LatencyStats, PassiveHealth
+from pools.balancer.limits import TokenLimits
 from pools.balancer.queue import PoolQueue
 from pools.balancer.retry import FailurePhase, RetryBudget, may_retry
 from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, TargetView
@@ -32,7 +33,7 @@ from pools.balancer.strategies import decide
 from pools.gateway import metrics
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
 from pools.gateway.history import HistoryRow, HistoryWriter
-from pools.gateway.ledger import Lease, LedgerStatus, LoadLedger, build_ledger
+from pools.gateway.ledger import Admission, Lease, LedgerStatus, LoadLedger, build_ledger
 from pools.gateway.publish import GatewayReadings, Publisher, TargetReading
 from pools.gateway.registry import Registry
 from pools.gateway.snapshot import WARM_WINDOW_S, PoolEntry, Snapshot, TargetEntry
@@ -115,6 +116,14 @@ class GatewayState:
         for _ in range(retries_held):
             self._budget.release()
         self._history.record(row)
+
+    async def admit(self, token_id: int, limits: TokenLimits) -> Admission:
+        """Let a token's request through its limits, or say which one refuses it."""
+        return await self._ledger.admit(token_id, limits)
+
+    async def settle(self, admission: Admission, tokens: int) -> None:
+        """End an admitted request: its concurrency slot back, the tokens it used counted."""
+        await self._ledger.settle(admission, tokens)
 
     def decide(
         self, pool: PoolEntry, facts: RequestFacts, exclude: frozenset[int], now: float

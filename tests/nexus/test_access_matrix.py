@@ -142,6 +142,7 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
     ("history-list", "get"): (None, reads(detail=False)),
     ("history-detail", "get"): (None, reads(detail=True)),
     ("history-replay", "post"): (None, writes(200)),
+    ("usage-list", "get"): (None, reads(detail=False)),
     # Model folders and their files.
     ("model-folder-list", "get"): (None, reads(detail=False)),
     ("model-folder-list", "post"): ({"name": "qwen", "project": "acme"}, writes(201, outsider=400)),

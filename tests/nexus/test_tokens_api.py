@@ -50,6 +50,9 @@ def test_an_owner_issues_a_token_and_sees_its_secret_once(owner: APIClient) -> N
         "revoked_at": None,
         "revoked": False,
         "expired": False,
+        "requests_per_minute": None,
+        "tokens_per_minute": None,
+        "max_concurrent": None,
         "token": "-",
     }
     assert "token" not in detail.json()
@@ -57,6 +60,23 @@ def test_an_owner_issues_a_token_and_sees_its_secret_once(owner: APIClient) -> N
     for response in (detail, listed):
         assert secret not in response.content.decode()
         assert token.token_hash not in response.content.decode()
+
+
+def test_a_token_is_issued_with_its_limits(owner: APIClient) -> None:
+    limits = {"requests_per_minute": 60, "tokens_per_minute": 10_000, "max_concurrent": 4}
+
+    created = owner.post("/api/v1/tokens/", {"name": "limited", **limits}, format="json")
+    refused = owner.post("/api/v1/tokens/", {"name": "x", "max_concurrent": -1}, format="json")
+
+    assert created.status_code == 201
+    token = ApiToken.objects.get()
+    assert (token.requests_per_minute, token.tokens_per_minute, token.max_concurrent) == (
+        60,
+        10_000,
+        4,
+    )
+    assert {name: created.json()[name] for name in limits} == limits
+    assert refused.status_code == 400 and "max_concurrent" in refused.json()
 
 
 def test_an_issued_admin_token_authenticates_api_calls(owner: APIClient) -> None:

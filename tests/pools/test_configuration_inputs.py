@@ -227,3 +227,21 @@ def test_a_field_that_is_not_declared_does_not_change_the_snapshot(
 
     # then the snapshot is the same: the declaration misses nothing the snapshot reads.
     assert at_rest(load_snapshot()) == before
+
+
+def test_a_token_limit_change_bumps_the_version_and_reaches_the_snapshot() -> None:
+    token, secret = ApiToken.issue("app")
+    before = ConfigVersion.current()
+
+    token.requests_per_minute = 60
+    token.tokens_per_minute = 1000
+    token.max_concurrent = 2
+    token.save()
+
+    assert ConfigVersion.current() > before
+    entry = load_snapshot().tokens[token.token_hash]
+    assert (
+        entry.limits.requests_per_minute,
+        entry.limits.tokens_per_minute,
+        entry.limits.concurrent,
+    ) == (60, 1000, 2)

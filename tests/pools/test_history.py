@@ -516,6 +516,7 @@ def test_every_outcome_the_design_names_exists() -> None:
         "no_target",
         "interrupted",
         "client_gone",
+        "rate_limited",  # a token over one of its limits (docs/access.md)
     }
 
 

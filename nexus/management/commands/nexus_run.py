@@ -447,14 +447,15 @@ def banner(first_run: FirstRun, ports: list[int], local_node: str) -> str:
             f"user {ADMIN_USERNAME} (its password was shown on the first run)\n"
             f"{'':16}new password: {python} manage.py changepassword {ADMIN_USERNAME}"
         )
+    more = f"more tokens, with limits: {url}/tokens/"
     if first_run.demo_token:
         token = (
             f"{first_run.demo_token}  {once}\n"
-            f"{'':16}a client token: calls {model} only (/v1), never the admin API"
+            f"{'':16}a client token: calls {model} only (/v1), never the admin API; {more}"
         )
         export = f"export NEXUS_TOKEN={first_run.demo_token}"
     else:
-        token = f"make one: {python} manage.py nexus_token create --name me"
+        token = f"{more} (or {python} manage.py nexus_token create --name me)"
         export = "export NEXUS_TOKEN=<your token>"
     real_model = ""
     if first_run.real_model:

@@ -1,0 +1,112 @@
+"""The tokens page's form: a token's kind, what it may call, its expiry and its limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.utils import timezone
+
+from nexus import access, scopes
+from nexus.models import DEFAULT_PROJECT, Project, default_project_pk
+from pools.models import Pool
+
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+
+
+class TokenIssueForm(forms.Form):
+    """Ask for what ApiToken.issue takes, with the API's rules: the issuer changes the token's
+    project, and names pools of it unless they are staff (nexus/api/serializers.py)."""
+
+    name = forms.CharField(max_length=100, help_text="Who or what uses it, e.g. support-bot.")
+    project = forms.ChoiceField(help_text="Whose owners and members see and revoke it.")
+    kind = forms.ChoiceField(
+        choices=[
+            (scopes.TokenKind.CLIENT.value, "Client: calls models (/v1, /serve)"),
+            (scopes.TokenKind.ADMIN.value, "Admin: automates the admin API"),
+        ],
+        initial=scopes.TokenKind.CLIENT.value,
+    )
+    access = forms.ChoiceField(
+        choices=[(a.value, a.value.title()) for a in scopes.AdminAccess],
+        initial=scopes.AdminAccess.READ.value,
+        required=False,
+        help_text="An admin token's reach: read only, or read and write.",
+    )
+    pools = forms.MultipleChoiceField(
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="The pools a client token may call; none chosen (and no service): every pool.",
+    )
+    services = forms.MultipleChoiceField(
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Model services a client token may call.",
+    )
+    expires_at = forms.DateTimeField(
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text="In UTC; empty: it never expires.",
+    )
+    requests_per_minute = forms.IntegerField(
+        required=False, min_value=1, help_text="Requests in any 60 s; empty for no limit."
+    )
+    tokens_per_minute = forms.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="Prompt and completion tokens in any 60 s; empty for no limit.",
+    )
+    max_concurrent = forms.IntegerField(
+        label="Concurrent requests",
+        required=False,
+        min_value=1,
+        help_text="Requests in progress at once; empty for no limit.",
+    )
+
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.user = user
+        default_project_pk()  # the default project exists from its first use on
+        projects = access.changeable_projects(user).order_by("name").values_list("name", flat=True)
+        project_field = self.fields["project"]
+        assert isinstance(project_field, forms.ChoiceField)
+        project_field.choices = [(name, name) for name in projects]
+        project_field.initial = DEFAULT_PROJECT
+        slugs = Pool.objects.filter(managed=False).order_by("slug").values_list("slug", flat=True)
+        pools_field = self.fields["pools"]
+        assert isinstance(pools_field, forms.MultipleChoiceField)
+        pools_field.choices = [(slug, slug) for slug in slugs]
+        services = (
+            Pool.objects.filter(managed=True, service__isnull=False)
+            .order_by("service__name")
+            .values_list("service__name", flat=True)
+        )
+        services_field = self.fields["services"]
+        assert isinstance(services_field, forms.MultipleChoiceField)
+        services_field.choices = [(name, name) for name in services]
+
+    def clean_expires_at(self) -> Any:
+        expires_at = self.cleaned_data.get("expires_at")
+        if expires_at is not None and expires_at <= timezone.now():
+            raise forms.ValidationError("Choose a time in the future.")
+        return expires_at
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("kind") == scopes.TokenKind.ADMIN:
+            if data.get("pools") or data.get("services"):
+                self.add_error("pools", "An admin token calls no pool or service.")
+            if any(data.get(name) is not None for name in LIMIT_FIELDS):
+                self.add_error(None, "Limits apply to client tokens: an admin token has none.")
+        elif not access.is_staff(self.user) and "project" in data:
+            ours = set(
+                Pool.objects.filter(project__name=data["project"]).values_list("slug", flat=True)
+            )
+            if not data.get("pools"):
+                self.add_error("pools", "Name the pools of the project that the token may call.")
+            elif outside := sorted(set(data["pools"]) - ours):
+                self.add_error("pools", f"Not pools of the project: {', '.join(outside)}.")
+        return data
+
+    def chosen_project(self) -> Project:
+        return Project.objects.get(name=self.cleaned_data["project"])
