@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -232,7 +233,12 @@ class Revision(models.Model):
 
     service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()
-    model_folder = models.ForeignKey(ModelFolder, on_delete=models.PROTECT, related_name="+")
+    # A folder may be deleted once only destroyed services used it (serving.folders.delete_folder
+    # refuses it otherwise); the revision then keeps the folder's name.
+    model_folder = models.ForeignKey(
+        ModelFolder, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    model_folder_name = models.CharField(max_length=FOLDER_NAME_MAX_LENGTH)
     mount_destination = models.CharField(max_length=200, default="/models")
     runtime_variant = models.CharField(max_length=32)
     model_definition_path = models.CharField(max_length=300, blank=True)
@@ -274,6 +280,20 @@ class Revision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.service.name} r{self.number}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.model_folder is not None:
+            self.model_folder_name = self.model_folder.name
+        super().save(*args, **kwargs)
+
+    @property
+    def folder(self) -> ModelFolder:
+        """Return the model folder the revision mounts; a live service's cannot be deleted."""
+        if self.model_folder is None:
+            raise ModelFolder.DoesNotExist(
+                f"the model folder {self.model_folder_name!r} was deleted"
+            )
+        return self.model_folder
 
 
 class RouteState(models.TextChoices):

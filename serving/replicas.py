@@ -206,7 +206,7 @@ def process_spec(
     revision = route.revision
     spec = revision.spec
     mount = (revision.mount_destination or DEFAULT_MOUNT).rstrip("/") or "/"
-    real = folder_path or str(revision.model_folder.path)
+    real = folder_path or str(revision.folder.path)
     need = resource_need(revision)
     health_check = spec.get("health_check") or {}
     cluster = spec.get("cluster")
@@ -316,7 +316,7 @@ def launch(route: Route) -> bool:
                     if copy.get("job"):
                         job = agent.job(copy["job"])
                     else:
-                        spec = folder_sync.job_spec(revision.model_folder, manifest, target.pk)
+                        spec = folder_sync.job_spec(revision.folder, manifest, target.pk)
                         job = agent.submit_job(spec)
             except AgentUnreachable as error:
                 message = f"waiting: node {target.name} did not answer: {error.reason}"
@@ -330,7 +330,7 @@ def launch(route: Route) -> bool:
             copies[target.name] = copy
         if copy["state"] == "failed":
             transition(route, [RouteState.PROVISIONING], placement={**placement, "folders": copies})
-            folder = revision.model_folder.name
+            folder = revision.model_folder_name
             fail(
                 route,
                 f"copying model folder {folder} to node {target.name} failed: {copy['error']}",
@@ -341,7 +341,7 @@ def launch(route: Route) -> bool:
         else:
             done = amount(copy.get("bytes_done") or 0, copy.get("bytes_total"))
             percent = f" ({copy['percent']:g}%)" if copy.get("percent") is not None else ""
-            what = f"copying model folder {revision.model_folder.name} to node {target.name}"
+            what = f"copying model folder {revision.model_folder_name} to node {target.name}"
             progress.append(f"{what}: {done}{percent}")
     waiting = "; ".join(progress)
     transition(
@@ -358,7 +358,7 @@ def launch(route: Route) -> bool:
 def folder_manifest(revision: Revision) -> dict[str, Any]:
     """Return the revision's folder manifest, fixing it now if it has none yet."""
     if revision.folder_manifest is None:
-        made = folder_sync.manifest(revision.model_folder)
+        made = folder_sync.manifest(revision.folder)
         Revision.objects.filter(pk=revision.pk, folder_manifest__isnull=True).update(
             folder_manifest=made
         )

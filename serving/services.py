@@ -450,7 +450,7 @@ def _resolve(problems: list[LaunchProblem], **settings: Any) -> Launch | None:
 def _settings_of(revision: Revision) -> dict[str, Any]:
     """Return a revision's launch settings, as `_changed_settings` returns them."""
     return {
-        "model_folder": revision.model_folder,
+        "model_folder": revision.folder,
         "runtime_variant": revision.runtime_variant,
         "mount_destination": revision.mount_destination,
         "model_definition_path": revision.model_definition_path,

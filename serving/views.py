@@ -85,6 +85,9 @@ def model_folder_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a folder with its files, or only the files table for an htmx request."""
     folder = get_object_or_404(ModelFolder.objects.select_related("owner"), name=name)
     context = {"section": SECTION, **files_context(folder)}
+    if request.user.is_staff and not request.htmx:
+        # Said in the delete dialog before anyone tries.
+        context["in_use"] = folders.in_use_reason(folder)
     return render_page_or_fragment(request, FOLDER_DETAIL, FILES_TABLE, context)
 
 
@@ -161,10 +164,15 @@ def model_folder_delete(request: HttpRequest, name: str) -> HttpResponse:
     folder = get_object_or_404(ModelFolder, name=name)
     require_staff(request, "change model folders")
     if request.method == "POST":
-        folders.delete_folder(folder)
+        try:
+            folders.delete_folder(folder)
+        except folders.FolderInUse as in_use:
+            context = {"section": SECTION, "folder": folder, "in_use": str(in_use)}
+            return render(request, "serving/model_folder_delete.html", context, status=409)
         messages.success(request, f"Deleted model folder {name} and its files.")
         return redirect("serving:model_folder_list")
     context = {"section": SECTION, "folder": folder, **files_context(folder)}
+    context["in_use"] = folders.in_use_reason(folder)
     return render(request, "serving/model_folder_delete.html", context)
 
 

@@ -209,7 +209,7 @@ class RouteSerializer(serializers.ModelSerializer):
 class RevisionSerializer(serializers.ModelSerializer):
     """One immutable version of a service's launch, with its resolved spec."""
 
-    model_folder = serializers.CharField(source="model_folder.name", read_only=True)
+    model_folder = serializers.CharField(source="model_folder_name", read_only=True)
     resource_group = serializers.CharField(source="resource_group.name", read_only=True)
     preset = serializers.CharField(source="preset.name", read_only=True, allow_null=True)
     state = serializers.CharField(
