@@ -264,6 +264,7 @@ class _Tick:
         if self.service.running_revision is None:
             self.adopt_running()
         latest, running = self.service.latest_revision, self.service.running_revision
+        self.supersede_replaced(latest, running)
         if latest is None:
             for route in self.routes():
                 self.retire(route)
@@ -458,6 +459,22 @@ class _Tick:
             pk=revision.pk
         ).update(state=RevisionState.SUPERSEDED)
         self.service.refresh_from_db()
+
+    def supersede_replaced(self, latest: Revision | None, running: Revision | None) -> None:
+        """Mark superseded the unfinished revisions a later one replaced before they ran.
+
+        Only the latest and the running revision are ever rolled out or kept; an earlier one
+        still pending or rolling out never will be (its routes are retired with the others).
+        Only earlier ones: a revision made since this tick read the service is the next rollout.
+        """
+        if latest is None:
+            return
+        replaced = self.service.revisions.filter(
+            state__in=UNFINISHED_REVISIONS, number__lt=latest.number
+        )
+        if running is not None:
+            replaced = replaced.exclude(pk=running.pk)
+        replaced.update(state=RevisionState.SUPERSEDED)
 
     def set_revision_state(self, revision: Revision, state: str) -> None:
         Revision.objects.filter(pk=revision.pk, state__in=UNFINISHED_REVISIONS).update(state=state)

@@ -24,6 +24,7 @@ from serving.tasks import reconcile as reconcile_task
 from tests.nodes.fleet import trusted_node
 from tests.serving.fleet import (
     CRASHING,
+    FAST_CHECK,
     HELLO,
     add_revision,
     describe,
@@ -251,6 +252,65 @@ def test_a_broken_revision_rolls_back_and_the_old_routes_keep_serving(
     assert tried.state == RouteState.TERMINATED
     assert tried.errors[-1]["exit_code"] == 1
     assert service.status_message == "1 of 1 replica ready"
+
+
+def test_a_first_revision_replaced_before_it_ran_is_superseded(db: None) -> None:
+    with model_folder() as folder:
+        service = make_service(folder)  # no node: its route waits
+        tick(service)
+        first = service.latest_revision
+        second = add_revision(service, folder, env={"REVISION": "2"})
+
+        tick(service)
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.state, second.state) == (RevisionState.SUPERSEDED, RevisionState.ROLLING_OUT)
+
+
+def test_a_revision_replaced_during_its_rollout_is_superseded_and_the_next_rolls_out(
+    db: None, tmp_path: Path, stack: ExitStack
+) -> None:
+    folder = stack.enter_context(model_folder())
+    fleet(stack, tmp_path, "node-a")
+    service = make_service(folder)
+    run_until(service, lambda: healthy(service, 1))
+    first = service.latest_revision
+    never_healthy = {**FAST_CHECK, "path": "/missing", "max_retries": 1000}
+    stuck = add_revision(service, folder, health_check=never_healthy)
+    run_until(service, lambda: any(r.revision_id == stuck.pk and r.node for r in routes(service)))
+    third = add_revision(service, folder, env={"REVISION": "3"})
+
+    run_until(service, lambda: service.running_revision_id == third.pk)
+
+    states = {r.number: r.state for r in service.revisions.all()}
+    assert states == {
+        first.number: RevisionState.SUPERSEDED,
+        stuck.number: RevisionState.SUPERSEDED,
+        third.number: RevisionState.RUNNING,
+    }
+
+
+def test_a_revision_rolled_back_supersedes_none_and_one_skipped_stays_superseded(
+    db: None, tmp_path: Path, stack: ExitStack
+) -> None:
+    folder = stack.enter_context(model_folder())
+    fleet(stack, tmp_path, "node-a")
+    service = make_service(folder)
+    run_until(service, lambda: healthy(service, 1))
+    first = service.latest_revision
+    skipped = add_revision(service, folder, env={"REVISION": "2"})
+    tick(service)
+    broken = add_revision(service, folder, argv=CRASHING)
+
+    run_until(service, lambda: service.latest_revision_id == first.pk)
+
+    states = {r.number: r.state for r in service.revisions.all()}
+    assert states == {
+        first.number: RevisionState.RUNNING,
+        skipped.number: RevisionState.SUPERSEDED,
+        broken.number: RevisionState.ROLLED_BACK,
+    }
 
 
 def test_a_new_route_that_is_not_healthy_in_time_rolls_the_revision_back(
