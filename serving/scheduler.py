@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from serving.definitions.service_definition import parse_memory
@@ -59,6 +59,9 @@ class Candidate:
     free: Mapping[str, Any]
     routes: int = 0  # routes of this service on the node already
     ports_in_use: frozenset[int] = frozenset()
+    # Why the node refused a route of this revision for a path or resource reason, while its
+    # configuration is unchanged since: it is not chosen again ("" when it did not).
+    refused: str = ""
 
     @property
     def cpu(self) -> float:
@@ -86,6 +89,7 @@ class Candidate:
                 self.memory_bytes < need.memory_bytes,
                 len(self.gpu_indexes) < need.gpus,
                 need.port is not None and need.port in self.ports_in_use,
+                bool(self.refused),
             )
         )
 
@@ -128,9 +132,7 @@ def schedule(
     multi-node replica (`size` above 1) takes `size` distinct nodes that each fit the need,
     the best one its main, or none at all.
     """
-    nodes = [
-        Candidate(c.name, dict(c.free), c.routes, frozenset(c.ports_in_use)) for c in candidates
-    ]
+    nodes = [replace(c, free=dict(c.free)) for c in candidates]
     placements: list[Placement] = []
     for _ in range(replicas):
         fitting = sorted(
@@ -167,12 +169,17 @@ def insufficient_cluster(group: str, need: Need, size: int, nodes: Sequence[Cand
 def insufficient(group: str, need: Need, nodes: Sequence[Candidate]) -> str:
     """Return why no node fits, naming the node that came closest and what it has free."""
     head = f"insufficient resources in {group}: needs {need.describe()}"
-    if not nodes:
-        return f"{head}; no usable node in the group"
+    refusals = "".join(f"; node {node.name} {node.refused}" for node in nodes if node.refused)
+    if refusals:
+        refusals += " (not chosen again until its configuration changes)"
+    willing = [node for node in nodes if not node.refused]
+    if not willing:
+        return f"{head}; no usable node in the group{refusals}" if not nodes else head + refusals
     best = min(
-        nodes, key=lambda node: (node.shortfalls(need), -node.memory_bytes, -node.cpu, node.name)
+        willing,
+        key=lambda node: (node.shortfalls(need), -node.memory_bytes, -node.cpu, node.name),
     )
-    return f"{head}; best node {best.name} has {best.describe_free(need)}"
+    return f"{head}; best node {best.name} has {best.describe_free(need)}{refusals}"
 
 
 def _reserve(node: Candidate, need: Need, gpus: tuple[int, ...]) -> None:

@@ -19,7 +19,14 @@ from nexus.services import redis_client
 from nodes.models import Node
 from pools.models import Pool, Target, TargetState
 from serving import reconciler, replicas
-from serving.models import RevisionState, Route, RouteState, Service, ServiceLifecycle
+from serving.models import (
+    RevisionState,
+    Route,
+    RouteState,
+    Service,
+    ServiceLifecycle,
+    models_root,
+)
 from serving.tasks import reconcile as reconcile_task
 from tests.nodes.fleet import trusted_node
 from tests.serving.fleet import (
@@ -36,7 +43,7 @@ from tests.serving.fleet import (
     run_until,
     tick,
 )
-from tests.support.agent import RunningAgent
+from tests.support.agent import RunningAgent, running_agent
 from tests.support.live import running_nexus, wait_until
 
 
@@ -464,3 +471,37 @@ def test_a_rollout_under_traffic_through_the_gateway_fails_no_request(
     assert failures == [], nexus.log()[-3000:]
     assert len(outcomes) > 100
     assert {route.revision_id for route in routes(service, RouteState.HEALTHY)} == {second.pk}
+
+
+def test_a_node_that_refuses_the_folders_path_is_left_out_until_its_configuration_changes(
+    db: None, tmp_path: Path, stack: ExitStack
+) -> None:
+    folder = stack.enter_context(model_folder())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    agent = stack.enter_context(models_agent(tmp_path, name="node-a"))
+    trusted_node("node-a", agent)
+    mkdir = {"action": "mkdir", "args": {"path": str(elsewhere / "config")}}
+    service = make_service(folder, pre_start_actions=[mkdir])
+
+    waiting = run_until(
+        service,
+        lambda: [
+            r for r in routes(service, RouteState.PROVISIONING) if "not chosen" in r.status_message
+        ],
+        timeout_s=20,
+    )
+
+    [first] = [route for route in routes(service) if route.node is not None]
+    assert first.state == RouteState.TERMINATED
+    assert "is outside the directories this agent may use" in first.errors[0]["message"]
+    assert waiting[0].status_message.startswith("waiting: insufficient resources in default: ")
+    assert waiting[0].status_message.endswith(
+        f"; node node-a refused route {first.pk}: {first.errors[0]['message'].split(': ', 1)[1]}"
+        " (not chosen again until its configuration changes)"
+    )
+    agent.stop()
+    allowed = ["--allow-dir", str(models_root()), "--allow-dir", str(elsewhere)]
+    stack.enter_context(running_agent(tmp_path, name="node-a", port=agent.port, args=allowed))
+
+    run_until(service, lambda: healthy(service, 1))

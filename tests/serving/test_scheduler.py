@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from serving.scheduler import Candidate, Need, Placement, schedule
+from serving.scheduler import Candidate, Need, Placement, Schedule, schedule
 
 GIB = 1 << 30
 
@@ -178,4 +178,35 @@ def test_a_multi_node_replica_is_placed_whole_or_not_at_all() -> None:
     assert decision.reason == (
         "insufficient resources in default: a replica spans 3 nodes that each have "
         "1 CPU, 0.0 GiB free; 2 of 3 usable nodes do"
+    )
+
+
+REFUSAL = "refused route 7: /srv is outside the directories this agent may use (/data)"
+
+
+def test_a_node_that_refused_the_revision_is_left_out() -> None:
+    decision = schedule(1, [node("a", gib=64, refused=REFUSAL), node("b")], SMALL, "default")
+
+    assert decision == Schedule(placements=(Placement("b"),))
+
+
+def test_the_reason_names_the_node_that_refused_and_until_when() -> None:
+    nodes = [node("a", refused=REFUSAL), node("b", cpu=0.5)]
+
+    decision = schedule(1, nodes, SMALL, "default")
+
+    assert decision.placements == ()
+    assert decision.reason == (
+        "insufficient resources in default: needs 1 CPU, 2.0 GiB; best node b has 0.5 CPU,"
+        f" 32.0 GiB free; node a {REFUSAL} (not chosen again until its configuration changes)"
+    )
+
+
+def test_when_every_node_refused_the_reason_lists_the_refusals() -> None:
+    decision = schedule(1, [node("a", refused=REFUSAL)], SMALL, "default")
+
+    assert decision.placements == ()
+    assert decision.reason == (
+        "insufficient resources in default: needs 1 CPU, 2.0 GiB; node a "
+        f"{REFUSAL} (not chosen again until its configuration changes)"
     )
