@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nexus.ports import controller_ports
 from nodes.runtimes import (
     BACKEND_MODEL_NAME,
     PORT_PLACEHOLDER,
@@ -515,6 +516,7 @@ def _from_command(
         raise LaunchError([LaunchProblem("", "command", str(unreadable))]) from None
     argv = [PORT_PLACEHOLDER if arg == "$PORT" else arg for arg in imported.argv]
     port = None if _mentions_port(argv) else imported.port
+    _refuse_controller_port(port, "", "command")
     warnings = list(imported.warnings)
     if imported.image is not None:
         warnings.append(
@@ -544,6 +546,17 @@ def _from_command(
         resource_slots=defaults.resource_slots,
         warnings=tuple(warnings),
     )
+
+
+def _refuse_controller_port(port: int | None, file: str, path: str) -> None:
+    """Refuse a fixed port that one of the controller's own processes listens on."""
+    used_by = controller_ports().get(port) if port is not None else None
+    if used_by is not None:
+        message = (
+            f"port {port} is Nexus's own, used by {used_by}; listen on ${{PORT}} (a port the "
+            "agent allocates) or on another port"
+        )
+        raise LaunchError([LaunchProblem(file, path, message)])
 
 
 def _capacity(runtime_name: str, argv: Sequence[str]) -> dict[str, int]:
@@ -609,6 +622,7 @@ def _definition_launch(
         warnings.append(f"only the first model, {model.name}, is served; ignored: {ignored}")
     argv = list(service.start_command)
     port = None if _mentions_port(argv) else service.port
+    _refuse_controller_port(port, file, "models[0].service.port")
     tensor, pipeline = _command_sizes(argv)
     return Launch(
         runtime_variant=CUSTOM,

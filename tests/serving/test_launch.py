@@ -31,8 +31,8 @@ models:
       pre_start_actions:
         - action: mkdir
           args: {path: /home/work/config}
-      start_command: ["python", "-m", "http.server", "--directory", "/models", "8000"]
-      port: 8000
+      start_command: ["python", "-m", "http.server", "--directory", "/models", "8001"]
+      port: 8001
       health_check:
         path: /
         initial_delay: 5.0
@@ -266,11 +266,11 @@ VARIANT_CASES = [
 COMMAND_CASES = [
     Case(
         "a pasted vLLM command keeps its own port, which is then fixed",
-        {"runtime_variant": "custom", "command": "vllm serve /models/my-model --tp 2"},
+        {"runtime_variant": "custom", "command": "vllm serve /models/my-model --tp 2 --port 8001"},
         {
-            "argv": ["vllm", "serve", "/models/my-model", "--tp", "2"],
+            "argv": ["vllm", "serve", "/models/my-model", "--tp", "2", "--port", "8001"],
             "env": {},
-            "port": 8000,
+            "port": 8001,
             "model_name": "llama",
             "health_check": health("/health"),
             "pre_start_actions": [],
@@ -361,9 +361,9 @@ DEFINITION_CASES = [
         "the folder's model-definition.yaml: its first model's command, port, checks, actions",
         {"runtime_variant": "custom"},
         {
-            "argv": ["python", "-m", "http.server", "--directory", "/models", "8000"],
+            "argv": ["python", "-m", "http.server", "--directory", "/models", "8001"],
             "env": {},
-            "port": 8000,
+            "port": 8001,
             "model_name": "simple-http-server",
             "health_check": health("/", initial_delay=5.0),
             "pre_start_actions": [{"action": "mkdir", "args": {"path": "/home/work/config"}}],
@@ -374,9 +374,9 @@ DEFINITION_CASES = [
         "the .yml spelling is found too",
         {"runtime_variant": "custom"},
         {
-            "argv": ["python", "-m", "http.server", "--directory", "/models", "8000"],
+            "argv": ["python", "-m", "http.server", "--directory", "/models", "8001"],
             "env": {},
-            "port": 8000,
+            "port": 8001,
             "model_name": "simple-http-server",
             "health_check": health("/", initial_delay=5.0),
             "pre_start_actions": [{"action": "mkdir", "args": {"path": "/home/work/config"}}],
@@ -506,6 +506,34 @@ REFUSALS = [
             "model-definition.yaml": "models:\n  - name: x\n    model_path: /models\n"
             "    service:\n      start_command: [serve]\n      port: 80000\n"
         },
+    ),
+    Refusal(
+        "a model definition's fixed port that Nexus's web server uses",
+        {"runtime_variant": "custom"},
+        [
+            (
+                "model-definition.yaml",
+                "models[0].service.port",
+                "port 8000 is Nexus's own, used by the web server (NEXUS_PORT); listen on "
+                "${PORT} (a port the agent allocates) or on another port",
+            )
+        ],
+        files={
+            "model-definition.yaml": "models:\n  - name: x\n    model_path: /models\n"
+            "    service:\n      start_command: [serve, '8000']\n      port: 8000\n"
+        },
+    ),
+    Refusal(
+        "a pasted command on the local agent's port",
+        {"runtime_variant": "custom", "command": "vllm serve /models --port 7100"},
+        [
+            (
+                "",
+                "command",
+                "port 7100 is Nexus's own, used by the local agent (NEXUS_AGENT_PORT); listen on "
+                "${PORT} (a port the agent allocates) or on another port",
+            )
+        ],
     ),
     Refusal(
         "a first model that is not servable",
@@ -666,7 +694,8 @@ def test_a_pasted_command_reports_the_runtime_it_recognised(folder: ModelFolder)
     launch = resolve_launch(
         model_folder=folder,
         runtime_variant="custom",
-        command="docker run -v /srv/m:/weights vllm/vllm-openai --model /weights/x --pp 2",
+        command="docker run -v /srv/m:/weights vllm/vllm-openai --model /weights/x --pp 2"
+        " --port 8001",
     )
 
     assert (launch.runtime, launch.source, launch.mount_destination, launch.model_path) == (
@@ -690,7 +719,7 @@ def test_a_model_definition_reports_its_model_path_sizes_and_ignored_models(
         {
             "model-definition.yaml": "models:\n"
             "  - name: a\n    model_path: /models/a\n    service:\n"
-            "      start_command: vllm serve /models/a --tensor-parallel-size 4\n      port: 8000\n"
+            "      start_command: vllm serve /models/a --tensor-parallel-size 4\n      port: 8001\n"
             "  - name: b\n    model_path: /models/b\n"
         },
     )

@@ -187,14 +187,16 @@ def test_the_check_shows_what_would_run(staff: Client) -> None:
     fragment = text(
         staff.post(
             CHECK,
-            launcher(runtime_variant="custom", command="vllm serve /models/m --tp 2 --pp 3"),
+            launcher(
+                runtime_variant="custom", command="vllm serve /models/m --tp 2 --pp 3 --port 8001"
+            ),
             **HTMX,
         )
     )
 
     assert "Ready to start." in fragment
     assert "<dt>Runtime</dt><dd>vllm (under custom)</dd>" in fragment
-    assert "<dt>Port</dt><dd>8000</dd>" in fragment
+    assert "<dt>Port</dt><dd>8001</dd>" in fragment
     assert "<dt>Tensor parallel</dt><dd>2</dd>" in fragment
     assert "<dt>Pipeline parallel</dt><dd>3</dd>" in fragment
     assert "<code>/models/m</code>" in fragment
