@@ -18,6 +18,7 @@ from serving.launch import MAX_CLUSTER_SIZE, LaunchProblem
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
+    SERVICE_DEFINITION_NAME,
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
@@ -186,9 +187,9 @@ class ServiceLaunchForm(forms.Form):
         ]
 
     def error_slot_fields(self) -> list[forms.BoundField]:
-        """Return the fields whose errors the live check shows next to them."""
-        names = [name for name in self.fields if name.startswith("param_")]
-        return [self[name] for name in [*names, "cluster_size"]]
+        """Return the fields whose errors the live check shows next to them: every field
+        with a row of its own (the radio groups have none)."""
+        return [self[name] for name in self.fields if name not in ("custom_mode", "cluster_mode")]
 
     def variable_fields(self) -> list[forms.BoundField]:
         """Return the chosen variant's own variables, for the template."""
@@ -237,12 +238,22 @@ class ServiceLaunchForm(forms.Form):
             "open_to_public": data["open_to_public"],
         }
 
-    def field_of(self, path: str) -> str | None:
-        """Return the form field a problem's key path belongs to ("runtime_parameters.dtype"
-        is the field param_dtype), or None when it is none of the form's."""
-        head, _, key = path.partition(".")
+    def field_of(self, problem: LaunchProblem) -> str | None:
+        """Return the form field a problem belongs to, or None when it is none of the form's.
+
+        "runtime_parameters.dtype" is the field param_dtype, "environ.X" the variant's
+        variable X (else the variables box); a problem in service-definition.toml belongs to
+        the model folder, one in the model definition to its path (or the folder).
+        """
+        if problem.file:
+            if problem.file != SERVICE_DEFINITION_NAME and self.mode == "definition":
+                return "model_definition_path"
+            return "model_folder"
+        head, _, key = problem.path.partition(".")
         if head == "runtime_parameters" and parameter_field(key) in self.fields:
             return parameter_field(key)
+        if head == "environ":
+            return env_field(key) if env_field(key) in self.fields else "variables"
         return head if head in self.fields else None
 
     def problems(self) -> list[LaunchProblem]:

@@ -204,6 +204,7 @@ def resolve_launch(
     parameters = _checked_parameters(chosen, runtime_parameters, problems)
     _check_cluster(chosen, cluster_size, problems)
     _check_mount(mount_destination, problems)
+    before_mode = len(problems)
     _check_mode(chosen, command, model_definition_path, problems)
     try:
         folders.folder_root(model_folder)
@@ -211,18 +212,39 @@ def resolve_launch(
         problems.append(LaunchProblem("", "model_folder", str(missing)))
         raise LaunchError(problems) from None
     defaults = _service_defaults(model_folder, chosen.name, problems)
+    if len(problems) > before_mode and not _in_file(problems[before_mode:]):
+        raise LaunchError(problems)  # the mode is unclear: what to resolve is too
+    # Resolved even when other settings or service-definition.toml have problems, so that the
+    # command's or model definition's problems are reported with theirs, all at once.
+    name = model_name or model_folder.name
+    try:
+        if chosen.command is not None:
+            launch = _from_variant(
+                chosen,
+                model_folder,
+                mount_destination,
+                given,
+                defaults,
+                name,
+                parameters,
+                cluster_size,
+            )
+        elif command.strip():
+            launch = _from_command(command, mount_destination, given, defaults, name)
+        else:
+            launch = _from_model_definition(
+                model_folder, model_definition_path, mount_destination, given, defaults
+            )
+    except LaunchError as refused:
+        problems.extend(refused.problems)
     if problems:
         raise LaunchError(problems)
-    name = model_name or model_folder.name
-    if chosen.command is not None:
-        return _from_variant(
-            chosen, model_folder, mount_destination, given, defaults, name, parameters, cluster_size
-        )
-    if command.strip():
-        return _from_command(command, mount_destination, given, defaults, name)
-    return _from_model_definition(
-        model_folder, model_definition_path, mount_destination, given, defaults
-    )
+    return launch
+
+
+def _in_file(problems: Sequence[LaunchProblem]) -> bool:
+    """Say whether every problem is in one of the folder's files (none is the launcher's)."""
+    return all(problem.file for problem in problems)
 
 
 def _checked_parameters(

@@ -229,10 +229,10 @@ def check_launch(form: ServiceLaunchForm, owner: User | None) -> LaunchCheck:
         plan = services.check_service(owner=owner, **form.declaration())
     except LaunchError as refused:
         for problem in refused.problems:
-            # Shown next to its field too (a parameter in its tab, the cluster size).
-            name = form.field_of(problem.path) if not problem.file else None
-            if name is not None and name.startswith(("param_", "cluster_size")):
-                form.add_error(name, problem.message)
+            # Shown next to its field too; a file's problem says where in the file.
+            name = form.field_of(problem)
+            if name is not None:
+                form.add_error(name, str(problem) if problem.file else problem.message)
         return LaunchCheck(problems=list(refused.problems), plan=None)
     return LaunchCheck(problems=[], plan=plan)
 

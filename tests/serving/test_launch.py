@@ -536,6 +536,27 @@ REFUSALS = [
         ],
     ),
     Refusal(
+        "problems in service-definition.toml and model-definition.yaml, all at once",
+        {"runtime_variant": "custom"},
+        [
+            (
+                "service-definition.toml",
+                "custom.resource_slots.mem",
+                'must be a size like "8gb" or "512m"',
+            ),
+            (
+                "model-definition.yaml",
+                "models[0].service.port",
+                "must be an integer between 1 and 65535",
+            ),
+        ],
+        files={
+            "service-definition.toml": '[custom.resource_slots]\nmem = "lots"\n',
+            "model-definition.yaml": "models:\n  - name: x\n    model_path: /models\n"
+            "    service:\n      start_command: [serve]\n      port: 80000\n",
+        },
+    ),
+    Refusal(
         "a first model that is not servable",
         {"runtime_variant": "custom", "model_definition_path": "defs/m.yaml"},
         [("defs/m.yaml", "models[0].service", "required: the first model is served")],

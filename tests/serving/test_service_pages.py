@@ -181,6 +181,24 @@ def test_the_check_lists_a_broken_model_definition_by_file_and_key(staff: Client
     )
 
 
+def test_the_check_shows_both_files_problems_at_once_beside_their_fields(staff: Client) -> None:
+    toml = '[custom.resource_slots]\nmem = "lots"\n'
+    make_folder(
+        "llama", **{"model-definition.yaml": BROKEN_DEFINITION, "service-definition.toml": toml}
+    )
+
+    fragment = text(
+        staff.post(CHECK, launcher(runtime_variant="custom", custom_mode="definition"), **HTMX)
+    )
+
+    assert "2 problems:" in fragment
+    toml_problem = 'service-definition.toml: custom.resource_slots.mem: must be a size like "8gb"'
+    yaml_problem = "model-definition.yaml: models[0].service.start_command: required"
+    slot = '<small class="field-error" id="error-{}" hx-swap-oob="true" role="alert">{}'
+    assert slot.format("model_folder", toml_problem.replace('"', "&quot;")) in fragment
+    assert slot.format("model_definition_path", yaml_problem) in fragment
+
+
 def test_the_check_shows_what_would_run(staff: Client) -> None:
     make_folder("llama")
 
