@@ -334,9 +334,10 @@ def service_context(service: Service) -> dict[str, Any]:
 def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a service, or only its live status section for an htmx request."""
     service = service_or_404(name)
-    return render_page_or_fragment(
-        request, "serving/service_detail.html", SERVICE_STATUS, service_context(service)
-    )
+    context = service_context(service)
+    if not request.htmx:
+        context["issued"] = take_issued(request, service)
+    return render_page_or_fragment(request, "serving/service_detail.html", SERVICE_STATUS, context)
 
 
 @require_POST
@@ -409,9 +410,24 @@ def service_token_issue(request: HttpRequest, name: str) -> HttpResponse:
     except ValidationError as refused:
         messages.error(request, " ".join(refused.messages))
         return redirect("serving:service_detail", name=service.name)
-    # Rendered, not redirected: the secret must not travel through a stored message.
-    context = {**service_context(service), "issued": {"token": token, "secret": secret}}
-    return render(request, "serving/service_detail.html", context)
+    # Redirected, so a reload issues no second token. The secret waits in the server-side
+    # session (not a message, which may live in a cookie) for the one page that shows it.
+    request.session[issued_key(service)] = {"token": token.pk, "secret": secret}
+    return redirect("serving:service_detail", name=service.name)
+
+
+def issued_key(service: Service) -> str:
+    """Return the session key a just-issued token's secret waits under until shown."""
+    return f"serving-issued-token-{service.pk}"
+
+
+def take_issued(request: HttpRequest, service: Service) -> dict[str, Any] | None:
+    """Return the token issued just now with its secret, once: it leaves the session."""
+    issued = request.session.pop(issued_key(service), None)
+    if issued is None:
+        return None
+    token = next((t for t in tokens.service_tokens(service) if t.pk == issued["token"]), None)
+    return {"token": token, "secret": issued["secret"]} if token is not None else None
 
 
 @require_POST

@@ -365,9 +365,12 @@ def test_staff_issue_a_token_whose_secret_is_shown_once(staff: Client) -> None:
     make_service("chat")
 
     response = staff.post("/serving/services/chat/tokens/", {"name": "app", "valid_days": "7"})
+    page = text(staff.get(response.headers["Location"]))
     later = text(staff.get("/serving/services/chat/"))
 
-    page = text(response)
+    # Redirected (POST/redirect/GET): reloading the page it shows issues no second token.
+    assert (response.status_code, response.headers["Location"]) == (302, "/serving/services/chat/")
+    assert ApiToken.objects.count() == 1
     token = ApiToken.objects.get()
     secret = page.split('<code id="issued-secret">')[1].split("</code>")[0]
     assert token.services == ["chat"]
