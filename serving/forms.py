@@ -7,7 +7,6 @@ from typing import Any, cast
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
-from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -24,6 +23,7 @@ from serving.models import (
     ResourcePreset,
     validate_folder_name,
 )
+from serving.scheduler import slots_text
 
 # A service token always expires (DESIGN.md); ten years is the longest the form offers.
 MAX_TOKEN_DAYS = 3650
@@ -140,7 +140,7 @@ class ServiceLaunchForm(forms.Form):
         groups.initial = services.DEFAULT_GROUP
         presets = cast("forms.ChoiceField", self.fields["preset"])
         presets.choices = [("", "none: service-definition.toml's slots, if any")] + [
-            (preset.name, f"{preset.name}: {describe_slots(preset.slots())}")
+            (preset.name, f"{preset.name}: {slots_text(preset.slots())}")
             for preset in ResourcePreset.objects.all()
         ]
         for name, meaning in self.variant.env_vars.items():
@@ -308,14 +308,6 @@ def parameter_form_field(parameter: Parameter) -> forms.Field:
 def env_field(name: str) -> str:
     """Return the form field of a variant's variable."""
     return f"env_{name}"
-
-
-def describe_slots(slots: dict[str, float]) -> str:
-    """Return slot amounts in words: "2 CPU, 4.0 GB, 1 GPU share"."""
-    parts = [f"{slots.get('cpu', 0):g} CPU", filesizeformat(slots.get("mem", 0))]
-    if slots.get("cuda.shares"):
-        parts.append(f"{slots['cuda.shares']:g} GPU")
-    return ", ".join(parts)
 
 
 class ServiceTokenForm(forms.Form):

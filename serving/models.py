@@ -16,6 +16,7 @@ from django.db.models.functions import Lower
 from nexus.choices import choices_of
 from nexus.models import ConfigInput, ConfigInputQuerySet
 from serving.health import ProbeVerdict
+from serving.scheduler import slots_text
 
 FOLDER_NAME_MAX_LENGTH = 100
 # Starting with a letter or digit rules out ".", "..", hidden names and our own ".nexus-*" files.
@@ -260,6 +261,9 @@ class Revision(models.Model):
         ResourcePreset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     resource_slots = models.JSONField(default=dict, blank=True)
+    # The service definition's (or a pasted `docker run`'s) image: shown, not pulled, since a
+    # replica runs as a process on its node.
+    image = models.CharField(max_length=300, blank=True)
     spec = models.JSONField(default=dict)
     state = models.CharField(
         max_length=16, choices=RevisionState.choices, default=RevisionState.PENDING
@@ -285,6 +289,11 @@ class Revision(models.Model):
         if self.model_folder is not None:
             self.model_folder_name = self.model_folder.name
         super().save(*args, **kwargs)
+
+    @property
+    def slots_text(self) -> str:
+        """Return the slots a replica reserves, in words: "1 CPU, 256 MiB"."""
+        return slots_text(self.resource_slots)
 
     @property
     def folder(self) -> ModelFolder:

@@ -12,9 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nexus.ui.format import binary_size
 from serving.definitions.service_definition import parse_memory
-
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,8 @@ class Need:
         )
 
     def describe(self) -> str:
-        """Return the need in words, e.g. "2 CPU, 4.0 GiB, 1 GPU"."""
-        parts = [f"{self.cpu:g} CPU", _gib(self.memory_bytes)]
+        """Return the need in words, e.g. "2 CPU, 4 GiB, 1 GPU"."""
+        parts = [f"{self.cpu:g} CPU", binary_size(self.memory_bytes)]
         if self.gpus:
             parts.append(_gpus(self.gpus))
         if self.port is not None:
@@ -95,7 +94,7 @@ class Candidate:
 
     def describe_free(self, need: Need) -> str:
         """Return what the node has free, in the terms the need is stated in."""
-        parts = [f"{self.cpu:g} CPU", _gib(self.memory_bytes)]
+        parts = [f"{self.cpu:g} CPU", binary_size(self.memory_bytes)]
         if need.gpus:
             parts.append(_gpus(len(self.gpu_indexes)))
         text = ", ".join(parts) + " free"
@@ -198,8 +197,20 @@ def _reserve(node: Candidate, need: Need, gpus: tuple[int, ...]) -> None:
         node.ports_in_use = node.ports_in_use | {need.port}
 
 
-def _gib(memory_bytes: int) -> str:
-    return f"{memory_bytes / GIB:.1f} GiB"
+def slots_text(slots: Mapping[str, Any]) -> str:
+    """Return resource slots in words, e.g. "2 CPU, 256 MiB, 0.5 GPU"; no GPU part when none
+    is reserved, "nothing reserved" for no slots."""
+    if not slots:
+        return "nothing reserved"
+    mem = slots.get("mem") or 0
+    parts = [
+        f"{float(slots.get('cpu') or 0):g} CPU",
+        binary_size(parse_memory(mem) if isinstance(mem, str) else mem),
+    ]
+    shares = float(slots.get("cuda.shares") or 0)
+    if shares:
+        parts.append(f"{shares:g} GPU")
+    return ", ".join(parts)
 
 
 def _gpus(count: int) -> str:

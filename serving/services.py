@@ -35,6 +35,7 @@ from serving.models import (
     readiness_text,
 )
 from serving.replicas import clear_errors_and_retry
+from serving.scheduler import slots_text
 
 NAME_MAX_LENGTH = 64
 MAX_REPLICAS = 64
@@ -56,6 +57,7 @@ RESOLVED_FIELDS = (
 LAUNCH_FIELDS = (*RESOLVED_FIELDS, "resource_group", "preset", "resource_slots")
 # The service's own settings: changing them makes no revision.
 SERVICE_FIELDS = ("desired_replicas", "open_to_public")
+FINISHED_ROUTES_SHOWN = 20
 M = TypeVar("M", bound=models.Model)
 
 
@@ -91,6 +93,10 @@ class Plan:
     environ: dict[str, str]
     runtime_parameters: dict[str, str]
     cluster_size: int
+
+    @property
+    def slots_text(self) -> str:
+        return slots_text(self.resource_slots)
 
 
 def check_service(
@@ -269,11 +275,53 @@ def delete_service(service: Service) -> Service:
     return service
 
 
-def clear_route_errors(route: Route) -> Route:
-    """Forget the route's errors and let the reconciler start it again at once."""
+class RouteFinished(ServiceError):
+    """The route is terminated: another replaced it, and nothing of it can be retried."""
+
+    status_code = 409
+
+
+def clear_route_errors(route: Route, actor: User | None = None) -> Route:
+    """Forget the route's errors and let the reconciler start it again at once.
+
+    The model folder's files are read again first: when what they define now differs from what
+    the route's revision froze (a definition file fixed since), the service gets a new revision
+    of the same settings, rolled out as any change, so the fixed file is what runs. Files that
+    still have problems are refused with them, and nothing changes.
+    """
+    if route.state == RouteState.TERMINATED:
+        message = f"route {route.pk} is terminated; the route that replaced it is retried instead"
+        raise RouteFinished([LaunchProblem("", "", message)])
+    service = route.service
+    latest = service.latest_revision
+    if route.revision_id == getattr(latest, "pk", None) and latest is not None:
+        _check_alive(service)
+        _renew_from_files(service, latest, actor)
     clear_errors_and_retry(route)
     route.refresh_from_db()
     return route
+
+
+def _renew_from_files(service: Service, latest: Revision, actor: User | None) -> None:
+    """Make the next revision of the latest's settings if the folder's files now resolve them
+    to something else (a command, port, health check, variables, image)."""
+    problems: list[LaunchProblem] = []
+    settings = _settings_of(latest)
+    launch = _resolve(problems, **{key: settings[key] for key in RESOLVED_FIELDS})
+    if problems or launch is None:
+        raise ServiceError(problems)
+    fresh = (launch.spec, launch.mount_destination, launch.image or "")
+    if fresh == (latest.spec, latest.mount_destination, latest.image):
+        return
+    with transaction.atomic():
+        locked = Service.objects.select_for_update().get(pk=service.pk)
+        _check_alive(locked)
+        if locked.latest_revision_id != latest.pk:
+            return  # another change made a newer revision meanwhile, from the files as they are
+        number = (locked.revisions.aggregate(last=Max("number"))["last"] or 0) + 1
+        locked.latest_revision = _new_revision(locked, number, actor, launch=launch, **settings)
+        locked.save(update_fields=["latest_revision", "updated_at"])
+    service.refresh_from_db()
 
 
 # Reading a service's state
@@ -308,14 +356,13 @@ def in_tab(services: QuerySet[Service], tab: str) -> QuerySet[Service]:
     return services.exclude(lifecycle=ServiceLifecycle.DESTROYED)
 
 
-def shown_routes(service: Service) -> QuerySet[Route]:
-    """Return the routes worth showing: every one not terminated, and those with errors left."""
-    return (
-        service.routes.exclude(Q(state=RouteState.TERMINATED) & Q(errors=[]))
-        .select_related("node", "revision")
-        .prefetch_related("parts__node")
-        .order_by("id")
-    )
+def shown_routes(service: Service, *, finished: bool = False) -> QuerySet[Route]:
+    """Return the running routes (every one not terminated), oldest first; or the finished
+    ones, newest first and at most FINISHED_ROUTES_SHOWN (a restart loop leaves hundreds)."""
+    routes = service.routes.select_related("node", "revision").prefetch_related("parts__node")
+    if not finished:
+        return routes.exclude(state=RouteState.TERMINATED).order_by("id")
+    return routes.filter(state=RouteState.TERMINATED).order_by("-id")[:FINISHED_ROUTES_SHOWN]
 
 
 def find_service(name: str) -> Service | None:
@@ -531,6 +578,7 @@ def _new_revision(
         service=service,
         number=number,
         mount_destination=launch.mount_destination,
+        image=launch.image or "",
         spec=launch.spec,
         created_by=actor,
         **settings,

@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
+from nexus.ui.format import count
 from serving import folder_sync, folders, services, tokens
 from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm
 from serving.launch import LaunchError, LaunchProblem
@@ -298,8 +299,9 @@ def service_or_404(name: str) -> Service:
     return service
 
 
-def service_context(service: Service) -> dict[str, Any]:
-    """Return what the service page and its live status section show."""
+def service_context(service: Service, *, finished_routes: bool = False) -> dict[str, Any]:
+    """Return what the service page and its live status section show; the routes card lists
+    the running routes, or the finished ones when `finished_routes`."""
     issued_tokens = [
         {"token": token, "state": tokens.token_status(token)}
         for token in tokens.service_tokens(service)
@@ -321,7 +323,10 @@ def service_context(service: Service) -> dict[str, Any]:
         "updating": updating,
         # Side by side while they differ (the running one is None before the first rollout).
         "compared_revisions": [latest, running] if updating and running else [latest],
-        "routes": services.shown_routes(service),
+        "routes": services.shown_routes(service, finished=finished_routes),
+        "finished_routes": finished_routes,
+        "finished_count": service.routes.filter(state=RouteState.TERMINATED).count(),
+        "finished_shown": services.FINISHED_ROUTES_SHOWN,
         "revisions": service.revisions.order_by("-number"),
         "tokens": issued_tokens,
         "token_form": ServiceTokenForm(),
@@ -334,7 +339,7 @@ def service_context(service: Service) -> dict[str, Any]:
 def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a service, or only its live status section for an htmx request."""
     service = service_or_404(name)
-    context = service_context(service)
+    context = service_context(service, finished_routes=request.GET.get("routes") == "finished")
     if not request.htmx:
         context["issued"] = take_issued(request, service)
     return render_page_or_fragment(request, "serving/service_detail.html", SERVICE_STATUS, context)
@@ -356,7 +361,7 @@ def service_scale(request: HttpRequest, name: str) -> HttpResponse:
     except LaunchError as refused:
         messages.error(request, str(refused))
     else:
-        messages.success(request, f"{service.name} now keeps {replicas} replicas.")
+        messages.success(request, f"{service.name} now keeps {count(replicas, 'replica')}.")
     return redirect("serving:service_detail", name=service.name)
 
 
@@ -367,8 +372,12 @@ def route_clear_errors(request: HttpRequest, name: str, route_id: int) -> HttpRe
     require_staff(request, "change services")
     service = service_or_404(name)
     route = get_object_or_404(service.routes, pk=route_id)
-    services.clear_route_errors(route)
-    messages.success(request, f"Cleared the errors of route {route.pk}; retrying it now.")
+    try:
+        services.clear_route_errors(route, actor=acting_user(request))
+    except LaunchError as refused:
+        messages.error(request, f"Route {route.pk} was not retried: {refused}")
+    else:
+        messages.success(request, f"Cleared the errors of route {route.pk}; retrying it now.")
     return redirect("serving:service_detail", name=service.name)
 
 

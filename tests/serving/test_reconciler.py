@@ -126,7 +126,7 @@ def test_a_replica_that_fits_nowhere_waits_saying_why(
     assert route.state == RouteState.PROVISIONING
     assert route.node is None
     assert route.status_message.startswith(
-        "waiting: insufficient resources in default: needs 4096 CPU, 1.0 GiB; best node node-a has "
+        "waiting: insufficient resources in default: needs 4096 CPU, 1 GiB; best node node-a has "
     )
     assert service.status_message == (
         "0 of 1 replica ready · rolling out r1 · waiting: insufficient resources in default"

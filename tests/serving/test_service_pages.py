@@ -13,7 +13,7 @@ from django.utils import timezone
 from pytest_django.fixtures import Settings
 
 from nexus.models import ApiToken, hash_token
-from serving import services
+from serving import folders, services
 from serving.models import Revision, Route, RouteState, Service, ServiceLifecycle
 from tests.deployments.factories import make_node
 from tests.nexus.factories import make_user
@@ -218,7 +218,7 @@ def test_the_check_shows_what_would_run(staff: Client) -> None:
     assert "<dt>Tensor parallel</dt><dd>2</dd>" in fragment
     assert "<dt>Pipeline parallel</dt><dd>3</dd>" in fragment
     assert "<code>/models/m</code>" in fragment
-    assert "cpu 1.0, mem 1 GiB, cuda.shares 0.0" in fragment
+    assert "<dt>Resources</dt><dd>1 CPU, 1 GiB</dd>" in fragment
 
 
 def test_the_check_reads_the_variants_variables(staff: Client) -> None:
@@ -421,6 +421,100 @@ def test_staff_scale_a_service(staff: Client) -> None:
     assert "chat now keeps 3 replicas." in text(response)
     assert "Replicas: enter a whole number from 0 to 64." in text(refused)
     assert Service.objects.get().desired_replicas == 3
+
+
+def test_staff_scale_to_one_replica_read_in_the_singular(staff: Client) -> None:
+    make_service("chat", desired_replicas=2)
+
+    response = staff.post("/serving/services/chat/scale/", {"desired_replicas": "1"}, follow=True)
+
+    assert "chat now keeps 1 replica." in text(response)
+
+
+def test_the_routes_card_shows_running_routes_and_the_finished_behind_a_toggle(
+    staff: Client,
+) -> None:
+    service = make_service("chat")
+    error = [{"at": "2026-01-01T00:00:00Z", "message": "exited with 1"}]
+    finished = [
+        Route.objects.create(
+            service=service,
+            revision=service.latest_revision,
+            state=RouteState.TERMINATED,
+            errors=error,
+        )
+        for _ in range(services.FINISHED_ROUTES_SHOWN + 5)
+    ]
+    running = Route.objects.create(service=service, revision=service.latest_revision)
+
+    page = staff.get("/serving/services/chat/")
+    toggled = staff.get("/serving/services/chat/?routes=finished")
+
+    assert [route.pk for route in page.context["routes"]] == [running.pk]
+    assert "Finished (25)" in text(page)
+    newest = [route.pk for route in reversed(finished)][: services.FINISHED_ROUTES_SHOWN]
+    assert [route.pk for route in toggled.context["routes"]] == newest
+    assert "The 20 most recent of 25 finished routes." in text(toggled)
+    # Nothing to retry on a terminated route: its replacement is the one retried.
+    assert "Clear errors and retry" not in text(toggled)
+    assert 'hx-get="/serving/services/chat/?routes=finished"' in text(toggled)
+
+
+def test_clearing_a_terminated_routes_errors_is_refused(staff: Client) -> None:
+    service = make_service("chat")
+    route = Route.objects.create(
+        service=service,
+        revision=service.latest_revision,
+        state=RouteState.TERMINATED,
+        errors=[{"at": "2026-01-01T00:00:00Z", "message": "probe failed"}],
+    )
+
+    response = staff.post(f"/serving/services/chat/routes/{route.pk}/clear-errors/", follow=True)
+
+    assert (
+        f"Route {route.pk} was not retried: route {route.pk} is terminated; the route that "
+        "replaced it is retried instead" in text(response)
+    )
+    route.refresh_from_db()
+    assert len(route.errors) == 1
+
+
+def test_clear_errors_and_retry_runs_the_definition_file_as_fixed_since(staff: Client) -> None:
+    broken = "models:\n  - name: x\n    model_path: /models\n    service:\n"
+    broken += "      start_command: [serve, --crash]\n      port: 8001\n"
+    folder = make_folder("custom-model", **{"model-definition.yaml": broken})
+    service = services.create_service(name="chat", model_folder=folder, runtime_variant="custom")
+    route = Route.objects.create(
+        service=service,
+        revision=service.latest_revision,
+        state=RouteState.FAILED_TO_START,
+        errors=[{"at": "2026-01-01T00:00:00Z", "message": "exited with 1"}],
+    )
+    folders.write_file(
+        folder, "model-definition.yaml", [broken.replace("--crash", "--fixed").encode()]
+    )
+
+    response = staff.post(f"/serving/services/chat/routes/{route.pk}/clear-errors/", follow=True)
+
+    assert f"Cleared the errors of route {route.pk}; retrying it now." in text(response)
+    service.refresh_from_db()
+    assert service.latest_revision.number == 2
+    assert service.latest_revision.spec["argv"] == ["serve", "--fixed"]
+    route.refresh_from_db()
+    assert route.errors == []
+
+
+def test_the_revision_shows_the_service_definitions_image_and_variables(staff: Client) -> None:
+    toml = '[vllm.environment]\nimage = "vllm/vllm-openai:v0.6.3"\narchitecture = "x86_64"\n'
+    toml += '[vllm.environ]\nVLLM_TP_SIZE = "2"\n'
+    make_folder("llama", **{"service-definition.toml": toml})
+    service = make_service("chat")
+
+    page = text(staff.get("/serving/services/chat/"))
+
+    assert service.latest_revision.image == "vllm/vllm-openai:v0.6.3"
+    assert "<code>vllm/vllm-openai:v0.6.3</code>" in page
+    assert "<code>VLLM_TP_SIZE=2</code>" in page
 
 
 def test_staff_clear_a_routes_errors(staff: Client) -> None:

@@ -23,6 +23,11 @@ class Migration(migrations.Migration):
             preserve_default=False,
         ),
         migrations.RunPython(keep_folder_names, migrations.RunPython.noop),
+        migrations.AddField(
+            model_name="revision",
+            name="image",
+            field=models.CharField(blank=True, max_length=300),
+        ),
         migrations.AlterField(
             model_name="revision",
             name="model_folder",
