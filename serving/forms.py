@@ -85,6 +85,30 @@ class ServiceLaunchForm(forms.Form):
         help_text="Pasted as you would run it (docker run and sh -c are read too); nothing "
         "runs until the service starts.",
     )
+    # A pasted command's settings: empty means what the command gives (or the default).
+    command_port = forms.IntegerField(
+        label="Port",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": 1, "max": 65535, "placeholder": "from the command"}),
+        help_text="Where the command listens; leave empty for its --port (default 8000) or for "
+        "${PORT} in the command, which the agent allocates.",
+    )
+    health_path = forms.CharField(
+        label="Health path",
+        required=False,
+        widget=forms.TextInput(attrs={"placeholder": "/health"}),
+        help_text="Probed for HTTP 200; empty for the command's (default /health).",
+    )
+    initial_delay = forms.FloatField(
+        label="Initial delay (s)",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": 0, "step": "any", "placeholder": "60.0"}),
+    )
+    max_retries = forms.IntegerField(
+        label="Max retries",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": 0, "placeholder": "10"}),
+    )
     model_definition_path = forms.CharField(
         label="Model definition file",
         required=False,
@@ -221,6 +245,9 @@ class ServiceLaunchForm(forms.Form):
             "model_folder": data["model_folder"],
             "runtime_variant": data["runtime_variant"],
             "command": data["command"] if custom and self.mode == "command" else "",
+            "command_settings": self.command_settings()
+            if custom and self.mode == "command"
+            else {},
             "model_definition_path": (
                 data["model_definition_path"] if custom and self.mode == "definition" else ""
             ),
@@ -238,6 +265,17 @@ class ServiceLaunchForm(forms.Form):
             "open_to_public": data["open_to_public"],
         }
 
+    def command_settings(self) -> dict[str, Any]:
+        """Return the pasted command's settings that were filled in."""
+        fields = {
+            "port": "command_port",
+            "health_path": "health_path",
+            "initial_delay": "initial_delay",
+            "max_retries": "max_retries",
+        }
+        values = {key: self.cleaned_data.get(field) for key, field in fields.items()}
+        return {key: value for key, value in values.items() if value not in (None, "")}
+
     def field_of(self, problem: LaunchProblem) -> str | None:
         """Return the form field a problem belongs to, or None when it is none of the form's.
 
@@ -250,6 +288,8 @@ class ServiceLaunchForm(forms.Form):
                 return "model_definition_path"
             return "model_folder"
         head, _, key = problem.path.partition(".")
+        if head == "command_settings":
+            return {"port": "command_port"}.get(key, key) if key else "command"
         if head == "runtime_parameters" and parameter_field(key) in self.fields:
             return parameter_field(key)
         if head == "environ":

@@ -244,6 +244,12 @@ class Revision(models.Model):
     runtime_variant = models.CharField(max_length=32)
     model_definition_path = models.CharField(max_length=300, blank=True)
     command = models.TextField(blank=True, help_text="A pasted command line (Custom).")
+    command_settings = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="A pasted command's port, health_path, initial_delay and max_retries, where "
+        "given instead of derived from it.",
+    )
     environ = models.JSONField(default=dict, blank=True)
     runtime_parameters = models.JSONField(
         default=dict, blank=True, help_text="vLLM/SGLang launcher parameters by key."

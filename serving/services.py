@@ -49,6 +49,7 @@ RESOLVED_FIELDS = (
     "mount_destination",
     "model_definition_path",
     "command",
+    "command_settings",
     "environ",
     "runtime_parameters",
     "cluster_size",
@@ -90,6 +91,7 @@ class Plan:
     runtime_variant: str
     model_definition_path: str
     command: str
+    command_settings: dict[str, Any]
     environ: dict[str, str]
     runtime_parameters: dict[str, str]
     cluster_size: int
@@ -111,6 +113,7 @@ def check_service(
     mount_destination: str = DEFAULT_MOUNT,
     model_definition_path: str = "",
     command: str = "",
+    command_settings: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     runtime_parameters: Mapping[str, Any] | None = None,
     cluster_size: int = 1,
@@ -139,6 +142,7 @@ def check_service(
             mount_destination=mount_destination,
             model_definition_path=model_definition_path,
             command=command,
+            command_settings=command_settings,
             environ=environ,
             runtime_parameters=runtime_parameters,
             cluster_size=cluster_size,
@@ -160,6 +164,7 @@ def check_service(
         runtime_variant=runtime_variant,
         model_definition_path=model_definition_path.strip(),
         command=command.strip(),
+        command_settings=dict(command_settings or {}),
         environ=dict(environ or {}),
         # Stored as the launcher checked them: empty values (the server's default) left out.
         runtime_parameters=_stored_parameters(runtime_parameters),
@@ -192,6 +197,7 @@ def create_service(**declaration: Any) -> Service:
                 runtime_variant=plan.runtime_variant,
                 model_definition_path=plan.model_definition_path,
                 command=plan.command,
+                command_settings=plan.command_settings,
                 environ=plan.environ,
                 runtime_parameters=plan.runtime_parameters,
                 cluster_size=plan.cluster_size,
@@ -502,6 +508,7 @@ def _settings_of(revision: Revision) -> dict[str, Any]:
         "mount_destination": revision.mount_destination,
         "model_definition_path": revision.model_definition_path,
         "command": revision.command,
+        "command_settings": dict(revision.command_settings),
         "environ": dict(revision.environ),
         "runtime_parameters": dict(revision.runtime_parameters),
         "cluster_size": revision.cluster_size,
@@ -529,7 +536,7 @@ def _changed_settings(
             value = _by_name(ResourcePreset, value, key, "resource preset", problems, True)
         elif key == "resource_slots":
             value = _checked_slots(value, problems)
-        elif key == "environ":
+        elif key in ("environ", "command_settings"):
             value = dict(value or {})
         elif key == "runtime_parameters":
             value = _stored_parameters(value)
@@ -540,6 +547,7 @@ def _changed_settings(
         # What only Custom takes is dropped when the variant changes, unless given again.
         for key in ("command", "model_definition_path"):
             settings[key] = changes.get(key, "")
+        settings["command_settings"] = dict(changes.get("command_settings") or {})
     if "runtime_variant" in changes and changes["runtime_variant"] != latest.runtime_variant:
         # Parameters are one runtime's flags: another runtime starts from its defaults.
         settings["runtime_parameters"] = _stored_parameters(changes.get("runtime_parameters"))
@@ -550,6 +558,8 @@ def _changed_settings(
     ):
         if str(changes.get(given) or "").strip() and other not in changes:
             settings[other] = ""
+            if given == "model_definition_path" and "command_settings" not in changes:
+                settings["command_settings"] = {}
     return None if len(problems) > before else settings
 
 

@@ -25,6 +25,16 @@ class Migration(migrations.Migration):
         migrations.RunPython(keep_folder_names, migrations.RunPython.noop),
         migrations.AddField(
             model_name="revision",
+            name="command_settings",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="A pasted command's port, health_path, initial_delay and max_retries, "
+                "where given instead of derived from it.",
+            ),
+        ),
+        migrations.AddField(
+            model_name="revision",
             name="image",
             field=models.CharField(blank=True, max_length=300),
         ),

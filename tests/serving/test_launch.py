@@ -265,6 +265,38 @@ VARIANT_CASES = [
 
 COMMAND_CASES = [
     Case(
+        "a pasted command's health path, first delay and retries set in the launcher",
+        {
+            "runtime_variant": "custom",
+            "command": "python -m http.server ${PORT} --directory /models",
+            "command_settings": {"health_path": "/", "initial_delay": 0.5, "max_retries": 3},
+        },
+        {
+            "argv": ["python", "-m", "http.server", "${PORT}", "--directory", "/models"],
+            "env": AGENT_PORT,
+            "port": None,
+            "model_name": "llama",
+            "health_check": health("/", initial_delay=0.5, max_retries=3),
+            "pre_start_actions": [],
+        },
+    ),
+    Case(
+        "a pasted command's port set in the launcher",
+        {
+            "runtime_variant": "custom",
+            "command": "./serve --listen 0.0.0.0:8002",
+            "command_settings": {"port": 8002},
+        },
+        {
+            "argv": ["./serve", "--listen", "0.0.0.0:8002"],
+            "env": {},
+            "port": 8002,
+            "model_name": "llama",
+            "health_check": health("/health"),
+            "pre_start_actions": [],
+        },
+    ),
+    Case(
         "a pasted vLLM command keeps its own port, which is then fixed",
         {"runtime_variant": "custom", "command": "vllm serve /models/my-model --tp 2 --port 8001"},
         {
@@ -555,6 +587,57 @@ REFUSALS = [
             "model-definition.yaml": "models:\n  - name: x\n    model_path: /models\n"
             "    service:\n      start_command: [serve]\n      port: 80000\n",
         },
+    ),
+    Refusal(
+        "a pasted command's settings out of bounds, each at its key",
+        {
+            "runtime_variant": "custom",
+            "command": "./serve",
+            "command_settings": {
+                "port": 0,
+                "health_path": "health",
+                "initial_delay": -1,
+                "max_retries": 1.5,
+                "timeout": 3,
+            },
+        },
+        [
+            ("", "command_settings.port", "must be an integer between 1 and 65535"),
+            ("", "command_settings.health_path", 'must start with "/"'),
+            ("", "command_settings.initial_delay", "must be a number, 0 or more"),
+            ("", "command_settings.max_retries", "must be an integer, 0 or more"),
+            (
+                "",
+                "command_settings.timeout",
+                "unknown setting; expected one of: port, health_path, initial_delay, max_retries",
+            ),
+        ],
+    ),
+    Refusal(
+        "a port set for a command that listens on ${PORT}",
+        {
+            "runtime_variant": "custom",
+            "command": "./serve --port ${PORT}",
+            "command_settings": {"port": 8002},
+        },
+        [
+            (
+                "",
+                "command_settings.port",
+                "the command listens on ${PORT}, which the agent allocates; leave it empty",
+            )
+        ],
+    ),
+    Refusal(
+        "command settings without a pasted command",
+        {"runtime_variant": "vllm", "command_settings": {"health_path": "/"}},
+        [
+            (
+                "",
+                "command_settings",
+                "only a pasted command (Custom) takes these",
+            )
+        ],
     ),
     Refusal(
         "a first model that is not servable",

@@ -199,6 +199,26 @@ def test_the_check_shows_both_files_problems_at_once_beside_their_fields(staff: 
     assert slot.format("model_definition_path", yaml_problem) in fragment
 
 
+def test_the_check_takes_a_pasted_commands_health_path_and_timings(staff: Client) -> None:
+    make_folder("llama")
+    form = launcher(
+        runtime_variant="custom",
+        command="python -m http.server ${PORT} --directory /models",
+        health_path="/",
+        initial_delay="2",
+        max_retries="4",
+    )
+
+    fragment = text(staff.post(CHECK, form, **HTMX))
+    refused = text(staff.post(CHECK, {**form, "command_port": "8002"}, **HTMX))
+
+    assert "<code>/</code> every 10.0 s, first after 2.0 s, 4 retries" in fragment
+    assert (
+        '<small class="field-error" id="error-command_port" hx-swap-oob="true" role="alert">'
+        "the command listens on ${PORT}, which the agent allocates; leave it empty"
+    ) in refused
+
+
 def test_the_check_shows_what_would_run(staff: Client) -> None:
     make_folder("llama")
 
