@@ -13,7 +13,7 @@ from django.utils.text import slugify
 from nodes.runtimes import RUNTIMES, Parameter, Runtime
 from serving import services
 from serving.definitions.command_import import DEFAULT_MOUNT
-from serving.launch import MAX_CLUSTER_SIZE, LaunchProblem
+from serving.launch import COMMAND_SETTINGS, MAX_CLUSTER_SIZE, LaunchProblem
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
@@ -21,6 +21,7 @@ from serving.models import (
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
+    Service,
     validate_folder_name,
 )
 from serving.scheduler import slots_text
@@ -151,8 +152,13 @@ class ServiceLaunchForm(forms.Form):
         label="Open to public", required=False, help_text="Reachable without a token."
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, editing: Service | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Editing a service: its name is fixed (it is the URL); the rest makes its next revision.
+        self.editing = editing
+        if editing is not None:
+            self.fields["name"].disabled = True
+            self.fields["name"].initial = editing.name
         folders = cast("forms.ChoiceField", self.fields["model_folder"])
         folders.choices = [
             (name, name) for name in ModelFolder.objects.values_list("name", flat=True)
@@ -265,6 +271,10 @@ class ServiceLaunchForm(forms.Form):
             "open_to_public": data["open_to_public"],
         }
 
+    def changes(self) -> dict[str, Any]:
+        """Return the cleaned form as `update_service`'s changes (all but the fixed name)."""
+        return {key: value for key, value in self.declaration().items() if key != "name"}
+
     def command_settings(self) -> dict[str, Any]:
         """Return the pasted command's settings that were filled in."""
         fields = {
@@ -303,6 +313,41 @@ class ServiceLaunchForm(forms.Form):
             for field, messages in self.errors.items()
             for message in messages
         ]
+
+
+def form_data_of(service: Service) -> dict[str, str]:
+    """Return the launcher's form filled in from the service and its latest revision, as a
+    browser would send it (Edit opens the launcher with it)."""
+    latest = service.latest_revision
+    assert latest is not None, "every service is created with its first revision"
+    variant = RUNTIMES.get(latest.runtime_variant)
+    own = variant.env_vars if variant else {}
+    data = {
+        "name": service.name,
+        "model_folder": latest.model_folder_name,
+        "runtime_variant": latest.runtime_variant,
+        "custom_mode": "command" if latest.command else "definition",
+        "command": latest.command,
+        "model_definition_path": latest.model_definition_path,
+        "mount_destination": latest.mount_destination,
+        "variables": "\n".join(
+            f"{name}={value}" for name, value in latest.environ.items() if name not in own
+        ),
+        "desired_replicas": str(service.desired_replicas),
+        "cluster_mode": "multi" if latest.cluster_size > 1 else "single",
+        "cluster_size": str(latest.cluster_size if latest.cluster_size > 1 else 2),
+        "resource_group": latest.resource_group.name,
+        "preset": latest.preset.name if latest.preset else "",
+        **{env_field(name): value for name, value in latest.environ.items() if name in own},
+        **{parameter_field(key): str(value) for key, value in latest.runtime_parameters.items()},
+    }
+    settings = latest.command_settings
+    for key, field in (("port", "command_port"), *((k, k) for k in COMMAND_SETTINGS[1:])):
+        if key in settings:
+            data[field] = str(settings[key])
+    if service.open_to_public:
+        data["open_to_public"] = "on"
+    return data
 
 
 def parameter_field(key: str) -> str:

@@ -261,6 +261,46 @@ def update_service(service: Service, *, actor: User | None = None, **changes: An
     return service.latest_revision
 
 
+def check_update(service: Service, **changes: Any) -> Plan:
+    """Return what `update_service` would run with the changes, writing nothing; raise
+    ServiceError with every problem. The launch is resolved even when nothing changed."""
+    _check_alive(service)
+    latest = service.latest_revision
+    assert latest is not None, "every service is created with its first revision"
+    problems: list[LaunchProblem] = []
+    replicas = changes.get("desired_replicas", service.desired_replicas)
+    _check_replicas(replicas, problems)
+    settings = _changed_settings(latest, changes, problems)
+    launch = None
+    if settings is not None:
+        launch = _resolve(problems, **{key: settings[key] for key in RESOLVED_FIELDS})
+    if problems:
+        raise ServiceError(problems)
+    assert settings is not None and launch is not None
+    slots = settings["resource_slots"]
+    if "preset" in changes or "resource_slots" in changes:
+        slots = _merged_slots(launch, settings["preset"], changes.get("resource_slots") or {})
+    return Plan(
+        name=service.name,
+        project=service.project,
+        owner=service.owner,
+        open_to_public=bool(changes.get("open_to_public", service.open_to_public)),
+        desired_replicas=replicas,
+        model_folder=settings["model_folder"],
+        resource_group=settings["resource_group"],
+        preset=settings["preset"],
+        resource_slots=slots,
+        launch=launch,
+        runtime_variant=settings["runtime_variant"],
+        model_definition_path=settings["model_definition_path"],
+        command=settings["command"],
+        command_settings=settings["command_settings"],
+        environ=settings["environ"],
+        runtime_parameters=settings["runtime_parameters"],
+        cluster_size=settings["cluster_size"],
+    )
+
+
 def scale_service(service: Service, replicas: int) -> Service:
     """Set how many replicas the service keeps; the reconciler starts or stops the difference."""
     update_service(service, desired_replicas=replicas)

@@ -27,7 +27,7 @@ from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from nexus.ui.format import count
 from serving import folder_sync, folders, services, tokens
-from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm
+from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm, form_data_of
 from serving.launch import LaunchError, LaunchProblem
 from serving.models import ModelFolder, RouteState, Service, ServiceLifecycle
 
@@ -223,11 +223,15 @@ class LaunchCheck:
 
 
 def check_launch(form: ServiceLaunchForm, owner: User | None) -> LaunchCheck:
-    """Return what would happen if the form were submitted now; nothing is written."""
+    """Return what would happen if the form were submitted now (a new service, or the next
+    revision of the one edited); nothing is written."""
     if not form.is_valid():
         return LaunchCheck(problems=form.problems(), plan=None)
     try:
-        plan = services.check_service(owner=owner, **form.declaration())
+        if form.editing is not None:
+            plan = services.check_update(form.editing, **form.changes())
+        else:
+            plan = services.check_service(owner=owner, **form.declaration())
     except LaunchError as refused:
         for problem in refused.problems:
             # Shown next to its field too; a file's problem says where in the file.
@@ -272,12 +276,44 @@ def service_new(request: HttpRequest) -> HttpResponse:
     return render(request, SERVICE_NEW, context, status=400 if check else 200)
 
 
+@require_http_methods(["GET", "POST"])
+@login_required
+def service_edit(request: HttpRequest, name: str) -> HttpResponse:
+    """Render the launcher filled in from the service's latest revision; on POST, apply it:
+    a changed launch setting makes the next revision, which rolls out."""
+    require_staff(request, "change services")
+    service = service_or_404(name)
+    if service.lifecycle != ServiceLifecycle.ACTIVE:
+        messages.error(request, f"{service.name} is {service.get_lifecycle_display().lower()}.")
+        return redirect("serving:service_detail", name=service.name)
+    form = ServiceLaunchForm(request.POST or form_data_of(service), editing=service)
+    check = check_launch(form, acting_user(request))
+    if request.method == "POST" and check.plan is not None:
+        before = service.latest_revision_id
+        try:
+            latest = services.update_service(service, actor=acting_user(request), **form.changes())
+        except LaunchError as refused:
+            check = LaunchCheck(problems=list(refused.problems), plan=None)
+        else:
+            if latest.pk == before:
+                messages.success(request, f"Updated {service.name}; its revision is unchanged.")
+            else:
+                messages.success(
+                    request, f"Updated {service.name}: revision {latest.number} rolls out."
+                )
+            return redirect("serving:service_detail", name=service.name)
+    context = {"section": SERVICES_SECTION, "form": form, "check": check, "editing": service}
+    failed = request.method == "POST"
+    return render(request, SERVICE_NEW, context, status=400 if failed else 200)
+
+
 @require_POST
 @login_required
 def service_check(request: HttpRequest) -> HttpResponse:
     """Render the launcher's check of the form as it is now: problems, or what would run."""
     require_staff(request, "start services")
-    form = ServiceLaunchForm(request.POST)
+    editing = request.POST.get("editing")
+    form = ServiceLaunchForm(request.POST, editing=service_or_404(editing) if editing else None)
     check = check_launch(form, acting_user(request))
     # The fields' own error slots are updated out of band, beside the check.
     return render(request, LAUNCH_CHECK, {"check": check, "form": form, "oob": True})
@@ -288,7 +324,9 @@ def service_check(request: HttpRequest) -> HttpResponse:
 def service_variant_fields(request: HttpRequest) -> HttpResponse:
     """Render the launcher's fields for the variant (and Custom mode) chosen now."""
     require_staff(request, "start services")
-    return render(request, VARIANT_FIELDS, {"form": ServiceLaunchForm(request.POST)})
+    editing = request.POST.get("editing")
+    form = ServiceLaunchForm(request.POST, editing=service_or_404(editing) if editing else None)
+    return render(request, VARIANT_FIELDS, {"form": form})
 
 
 def service_or_404(name: str) -> Service:

@@ -14,6 +14,7 @@ from pytest_django.fixtures import Settings
 
 from nexus.models import ApiToken, hash_token
 from serving import folders, services
+from serving.forms import form_data_of
 from serving.models import Revision, Route, RouteState, Service, ServiceLifecycle
 from tests.deployments.factories import make_node
 from tests.nexus.factories import make_user
@@ -536,6 +537,45 @@ def test_the_revision_shows_the_service_definitions_image_and_variables(staff: C
     assert service.latest_revision.image == "vllm/vllm-openai:v0.6.3"
     assert "<code>vllm/vllm-openai:v0.6.3</code>" in page
     assert "<code>VLLM_TP_SIZE=2</code>" in page
+
+
+def test_edit_opens_the_launcher_filled_in_from_the_latest_revision(staff: Client) -> None:
+    make_service(
+        "chat",
+        environ={"VLLM_TP_SIZE": "2", "EXTRA": "1"},
+        desired_replicas=2,
+        preset="cpu-small",
+        runtime_parameters={"dtype": "bfloat16"},
+    )
+
+    response = staff.get("/serving/services/chat/edit/")
+
+    form = response.context["form"]
+    assert response.status_code == 200
+    assert (form["name"].value(), form["runtime_variant"].value()) == ("chat", "vllm")
+    assert form["env_VLLM_TP_SIZE"].value() == "2"
+    assert form["variables"].value() == "EXTRA=1"
+    assert form["param_dtype"].value() == "bfloat16"
+    assert (form["desired_replicas"].value(), form["preset"].value()) == ("2", "cpu-small")
+    assert "Ready to start." in text(response)
+    assert '<button type="submit" class="primary button">Update</button>' in text(response)
+
+
+def test_update_makes_the_next_revision_only_when_the_launch_changes(staff: Client) -> None:
+    service = make_service("chat", environ={"VLLM_TP_SIZE": "2"})
+    data = form_data_of(service)
+
+    same = staff.post("/serving/services/chat/edit/", data, follow=True)
+    changed = staff.post(
+        "/serving/services/chat/edit/", {**data, "env_VLLM_TP_SIZE": "4"}, follow=True
+    )
+
+    assert "Updated chat; its revision is unchanged." in text(same)
+    assert "Updated chat: revision 2 rolls out." in text(changed)
+    service.refresh_from_db()
+    assert service.latest_revision.number == 2
+    assert service.latest_revision.environ == {"VLLM_TP_SIZE": "4"}
+    assert "Applying the next revision" in text(changed)
 
 
 def test_staff_clear_a_routes_errors(staff: Client) -> None:
