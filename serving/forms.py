@@ -90,7 +90,7 @@ class ServiceLaunchForm(forms.Form):
     command_port = forms.IntegerField(
         label="Port",
         required=False,
-        widget=forms.NumberInput(attrs={"min": 1, "max": 65535, "placeholder": "from the command"}),
+        widget=forms.NumberInput(attrs={"min": 1, "max": 65535, "placeholder": "8000"}),
         help_text="Where the command listens; leave empty for its --port (default 8000) or for "
         "${PORT} in the command, which the agent allocates.",
     )

@@ -1,6 +1,7 @@
 """A Custom service made in the launcher from a pasted command, in a real Chromium against a real
 daphne, a Celery worker with beat (the reconciler and the probes) and an agent as its node: the
-command's health path set in the form, the service becomes ready on its own."""
+command's health path set in the form, the service becomes ready on its own; edited, its next
+revision rolls out while the page says so."""
 
 from __future__ import annotations
 
@@ -101,3 +102,22 @@ def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready
     screenshot(page, "serving-service-ready")
     revision = committed(lambda: Service.objects.get(name="files").latest_revision)
     assert revision.command_settings == {"health_path": "/", "initial_delay": 0.0}
+
+    # Edit: the launcher opens filled in; a new variable makes revision 2, which rolls out.
+    page.get_by_role("link", name="Edit").click()
+    expect(page).to_have_url(re.compile(r"/serving/services/files/edit/$"))
+    expect(page.get_by_label("Command line", exact=True)).to_have_value(COMMAND)
+    expect(page.get_by_label("Health path")).to_have_value("/")
+    page.get_by_label("More variables").press_sequentially("GREETING=hello")
+    expect(check).to_contain_text("GREETING=hello")
+    screenshot(page, "serving-service-edit")
+    page.get_by_role("button", name="Update").click()
+
+    expect(page).to_have_url(re.compile(r"/serving/services/files/$"))
+    expect(page.locator("#toasts")).to_contain_text("Updated files: revision 2 rolls out.")
+    notice = page.get_by_text("Applying the next revision: revision 2 is rolling out")
+    expect(notice).to_be_visible()
+    # Gone once revision 2 runs (the live section refreshes every few seconds).
+    expect(notice).to_have_count(0, timeout=READY_TIMEOUT_MS)
+    expect(page.locator("#service-readiness")).to_have_text("1 of 1 replica ready")
+    expect(page.locator("#revisions")).to_contain_text("GREETING=hello")

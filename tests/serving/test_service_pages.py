@@ -557,7 +557,7 @@ def test_edit_opens_the_launcher_filled_in_from_the_latest_revision(staff: Clien
     assert form["variables"].value() == "EXTRA=1"
     assert form["param_dtype"].value() == "bfloat16"
     assert (form["desired_replicas"].value(), form["preset"].value()) == ("2", "cpu-small")
-    assert "Ready to start." in text(response)
+    assert "Ready to update." in text(response)
     assert '<button type="submit" class="primary button">Update</button>' in text(response)
 
 
