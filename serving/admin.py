@@ -67,6 +67,12 @@ class ModelFolderAdmin(admin.ModelAdmin):
             obj.owner = obj.owner or acting_user(request)
             folders.create_folder(obj)
 
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        # The admin's own "cannot delete, protected" page names the services using a folder.
+        deleted, counts, permissions, protected = super().get_deleted_objects(objs, request)
+        in_use = [reason for folder in objs if (reason := folders.in_use_reason(folder))]
+        return deleted, counts, permissions, [*protected, *in_use]
+
     def delete_model(self, request: HttpRequest, obj: ModelFolder) -> None:
         folders.delete_folder(obj)
 

@@ -26,10 +26,9 @@ from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
 from django.db import IntegrityError, transaction
-from django.db.models import ProtectedError
 from django.template.defaultfilters import filesizeformat
 
-from serving.models import ModelFolder, models_root
+from serving.models import ModelFolder, Service, ServiceLifecycle, models_root
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +73,7 @@ class DirectoryMissing(FolderError):
 
 
 class FolderInUse(FolderError):
-    """A service's revision reads the folder: it cannot be deleted before the service."""
+    """A service that is not destroyed runs, or is to run, the folder."""
 
     status_code = 409
 
@@ -163,8 +162,35 @@ def create_folder(folder: ModelFolder) -> ModelFolder:
     return folder
 
 
+def in_use_reason(folder: ModelFolder) -> str:
+    """Say which services that are not destroyed mount the folder; "" when none does.
+
+    Any revision counts, not only the latest: an older one may still have replicas running.
+    """
+    using = sorted(
+        Service.objects.exclude(lifecycle=ServiceLifecycle.DESTROYED)
+        .filter(revisions__model_folder=folder)
+        .values_list("name", flat=True)
+        .distinct()
+    )
+    if not using:
+        return ""
+    several = len(using) > 1
+    return (
+        f"The model folder {folder.name} is used by the service{'s' if several else ''} "
+        f"{', '.join(using)}; delete {'them' if several else 'it'} first."
+    )
+
+
 def delete_folder(folder: ModelFolder) -> None:
-    """Delete the folder's row and its directory with every file in it."""
+    """Delete the folder's row and its directory with every file in it.
+
+    Refused while a service that is not destroyed uses it; the revisions of destroyed services
+    keep the folder's name.
+    """
+    reason = in_use_reason(folder)
+    if reason:
+        raise FolderInUse(reason)
     root = folder.path
     # Move the directory aside first: a failure then leaves either the whole folder or none of it.
     aside = root.with_name(f".deleting-{root.name}-{secrets.token_hex(4)}")
@@ -174,13 +200,9 @@ def delete_folder(folder: ModelFolder) -> None:
     try:
         with transaction.atomic():
             folder.delete()
-    except BaseException as error:
+    except BaseException:
         if moved:
             os.rename(aside, root)
-        if isinstance(error, ProtectedError):
-            raise FolderInUse(
-                f"The folder {folder.name!r} is used by a service; delete the service first."
-            ) from None
         raise
     if not moved:
         return

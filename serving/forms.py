@@ -7,22 +7,24 @@ from typing import Any, cast
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
-from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 from django.utils.text import slugify
 
 from nodes.runtimes import RUNTIMES, Parameter, Runtime
 from serving import services
 from serving.definitions.command_import import DEFAULT_MOUNT
-from serving.launch import MAX_CLUSTER_SIZE, LaunchProblem
+from serving.launch import COMMAND_SETTINGS, MAX_CLUSTER_SIZE, LaunchProblem
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
+    SERVICE_DEFINITION_NAME,
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
+    Service,
     validate_folder_name,
 )
+from serving.scheduler import slots_text
 
 # A service token always expires (DESIGN.md); ten years is the longest the form offers.
 MAX_TOKEN_DAYS = 3650
@@ -84,6 +86,30 @@ class ServiceLaunchForm(forms.Form):
         help_text="Pasted as you would run it (docker run and sh -c are read too); nothing "
         "runs until the service starts.",
     )
+    # A pasted command's settings: empty means what the command gives (or the default).
+    command_port = forms.IntegerField(
+        label="Port",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": 1, "max": 65535, "placeholder": "8000"}),
+        help_text="Where the command listens; leave empty for its --port (default 8000) or for "
+        "${PORT} in the command, which the agent allocates.",
+    )
+    health_path = forms.CharField(
+        label="Health path",
+        required=False,
+        widget=forms.TextInput(attrs={"placeholder": "/health"}),
+        help_text="Probed for HTTP 200; empty for the command's (default /health).",
+    )
+    initial_delay = forms.FloatField(
+        label="Initial delay (s)",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": 0, "step": "any", "placeholder": "60.0"}),
+    )
+    max_retries = forms.IntegerField(
+        label="Max retries",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": 0, "placeholder": "10"}),
+    )
     model_definition_path = forms.CharField(
         label="Model definition file",
         required=False,
@@ -126,8 +152,13 @@ class ServiceLaunchForm(forms.Form):
         label="Open to public", required=False, help_text="Reachable without a token."
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, editing: Service | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Editing a service: its name is fixed (it is the URL); the rest makes its next revision.
+        self.editing = editing
+        if editing is not None:
+            self.fields["name"].disabled = True
+            self.fields["name"].initial = editing.name
         folders = cast("forms.ChoiceField", self.fields["model_folder"])
         folders.choices = [
             (name, name) for name in ModelFolder.objects.values_list("name", flat=True)
@@ -139,7 +170,7 @@ class ServiceLaunchForm(forms.Form):
         groups.initial = services.DEFAULT_GROUP
         presets = cast("forms.ChoiceField", self.fields["preset"])
         presets.choices = [("", "none: service-definition.toml's slots, if any")] + [
-            (preset.name, f"{preset.name}: {describe_slots(preset.slots())}")
+            (preset.name, f"{preset.name}: {slots_text(preset.slots())}")
             for preset in ResourcePreset.objects.all()
         ]
         for name, meaning in self.variant.env_vars.items():
@@ -186,9 +217,9 @@ class ServiceLaunchForm(forms.Form):
         ]
 
     def error_slot_fields(self) -> list[forms.BoundField]:
-        """Return the fields whose errors the live check shows next to them."""
-        names = [name for name in self.fields if name.startswith("param_")]
-        return [self[name] for name in [*names, "cluster_size"]]
+        """Return the fields whose errors the live check shows next to them: every field
+        with a row of its own (the radio groups have none)."""
+        return [self[name] for name in self.fields if name not in ("custom_mode", "cluster_mode")]
 
     def variable_fields(self) -> list[forms.BoundField]:
         """Return the chosen variant's own variables, for the template."""
@@ -220,6 +251,9 @@ class ServiceLaunchForm(forms.Form):
             "model_folder": data["model_folder"],
             "runtime_variant": data["runtime_variant"],
             "command": data["command"] if custom and self.mode == "command" else "",
+            "command_settings": self.command_settings()
+            if custom and self.mode == "command"
+            else {},
             "model_definition_path": (
                 data["model_definition_path"] if custom and self.mode == "definition" else ""
             ),
@@ -237,12 +271,39 @@ class ServiceLaunchForm(forms.Form):
             "open_to_public": data["open_to_public"],
         }
 
-    def field_of(self, path: str) -> str | None:
-        """Return the form field a problem's key path belongs to ("runtime_parameters.dtype"
-        is the field param_dtype), or None when it is none of the form's."""
-        head, _, key = path.partition(".")
+    def changes(self) -> dict[str, Any]:
+        """Return the cleaned form as `update_service`'s changes (all but the fixed name)."""
+        return {key: value for key, value in self.declaration().items() if key != "name"}
+
+    def command_settings(self) -> dict[str, Any]:
+        """Return the pasted command's settings that were filled in."""
+        fields = {
+            "port": "command_port",
+            "health_path": "health_path",
+            "initial_delay": "initial_delay",
+            "max_retries": "max_retries",
+        }
+        values = {key: self.cleaned_data.get(field) for key, field in fields.items()}
+        return {key: value for key, value in values.items() if value not in (None, "")}
+
+    def field_of(self, problem: LaunchProblem) -> str | None:
+        """Return the form field a problem belongs to, or None when it is none of the form's.
+
+        "runtime_parameters.dtype" is the field param_dtype, "environ.X" the variant's
+        variable X (else the variables box); a problem in service-definition.toml belongs to
+        the model folder, one in the model definition to its path (or the folder).
+        """
+        if problem.file:
+            if problem.file != SERVICE_DEFINITION_NAME and self.mode == "definition":
+                return "model_definition_path"
+            return "model_folder"
+        head, _, key = problem.path.partition(".")
+        if head == "command_settings":
+            return {"port": "command_port"}.get(key, key) if key else "command"
         if head == "runtime_parameters" and parameter_field(key) in self.fields:
             return parameter_field(key)
+        if head == "environ":
+            return env_field(key) if env_field(key) in self.fields else "variables"
         return head if head in self.fields else None
 
     def problems(self) -> list[LaunchProblem]:
@@ -252,6 +313,41 @@ class ServiceLaunchForm(forms.Form):
             for field, messages in self.errors.items()
             for message in messages
         ]
+
+
+def form_data_of(service: Service) -> dict[str, str]:
+    """Return the launcher's form filled in from the service and its latest revision, as a
+    browser would send it (Edit opens the launcher with it)."""
+    latest = service.latest_revision
+    assert latest is not None, "every service is created with its first revision"
+    variant = RUNTIMES.get(latest.runtime_variant)
+    own = variant.env_vars if variant else {}
+    data = {
+        "name": service.name,
+        "model_folder": latest.model_folder_name,
+        "runtime_variant": latest.runtime_variant,
+        "custom_mode": "command" if latest.command else "definition",
+        "command": latest.command,
+        "model_definition_path": latest.model_definition_path,
+        "mount_destination": latest.mount_destination,
+        "variables": "\n".join(
+            f"{name}={value}" for name, value in latest.environ.items() if name not in own
+        ),
+        "desired_replicas": str(service.desired_replicas),
+        "cluster_mode": "multi" if latest.cluster_size > 1 else "single",
+        "cluster_size": str(latest.cluster_size if latest.cluster_size > 1 else 2),
+        "resource_group": latest.resource_group.name,
+        "preset": latest.preset.name if latest.preset else "",
+        **{env_field(name): value for name, value in latest.environ.items() if name in own},
+        **{parameter_field(key): str(value) for key, value in latest.runtime_parameters.items()},
+    }
+    settings = latest.command_settings
+    for key, field in (("port", "command_port"), *((k, k) for k in COMMAND_SETTINGS[1:])):
+        if key in settings:
+            data[field] = str(settings[key])
+    if service.open_to_public:
+        data["open_to_public"] = "on"
+    return data
 
 
 def parameter_field(key: str) -> str:
@@ -297,14 +393,6 @@ def parameter_form_field(parameter: Parameter) -> forms.Field:
 def env_field(name: str) -> str:
     """Return the form field of a variant's variable."""
     return f"env_{name}"
-
-
-def describe_slots(slots: dict[str, float]) -> str:
-    """Return slot amounts in words: "2 CPU, 4.0 GB, 1 GPU share"."""
-    parts = [f"{slots.get('cpu', 0):g} CPU", filesizeformat(slots.get("mem", 0))]
-    if slots.get("cuda.shares"):
-        parts.append(f"{slots['cuda.shares']:g} GPU")
-    return ", ".join(parts)
 
 
 class ServiceTokenForm(forms.Form):

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nexus.ports import controller_ports
 from nodes.runtimes import (
     BACKEND_MODEL_NAME,
     PORT_PLACEHOLDER,
@@ -56,6 +57,8 @@ from serving.models import ModelFolder
 CUSTOM = "custom"
 # A replica spans at most this many nodes: one main and its workers.
 MAX_CLUSTER_SIZE = 16
+# What a pasted command's launch takes besides the command (each derived from it otherwise).
+COMMAND_SETTINGS = ("port", "health_path", "initial_delay", "max_retries")
 # The variable a process allocated a port by the agent finds it in, for scripts that read $PORT.
 PORT_VARIABLE = "PORT"
 # Definition files are short text; a larger one is a mistake, not something to read whole.
@@ -186,8 +189,12 @@ def resolve_launch(
     model_name: str = "",
     runtime_parameters: Mapping[str, Any] | None = None,
     cluster_size: int = 1,
+    command_settings: Mapping[str, Any] | None = None,
 ) -> Launch:
     """Return the resolved launch for these launcher settings; raise LaunchError listing why not.
+
+    `command_settings` ({"port", "health_path", "initial_delay", "max_retries"}, any of them)
+    override what a pasted command (Custom) gives or defaults to.
 
     `model_name` is the name the server serves the model as, unless BACKEND_MODEL_NAME, the
     command or the model definition says otherwise; it defaults to the folder's name.
@@ -203,25 +210,92 @@ def resolve_launch(
     parameters = _checked_parameters(chosen, runtime_parameters, problems)
     _check_cluster(chosen, cluster_size, problems)
     _check_mount(mount_destination, problems)
+    before_mode = len(problems)
     _check_mode(chosen, command, model_definition_path, problems)
+    overrides = _checked_command_settings(command_settings, command, problems)
     try:
         folders.folder_root(model_folder)
     except folders.FolderError as missing:
         problems.append(LaunchProblem("", "model_folder", str(missing)))
         raise LaunchError(problems) from None
     defaults = _service_defaults(model_folder, chosen.name, problems)
+    if len(problems) > before_mode and not _in_file(problems[before_mode:]):
+        raise LaunchError(problems)  # the mode is unclear: what to resolve is too
+    # Resolved even when other settings or service-definition.toml have problems, so that the
+    # command's or model definition's problems are reported with theirs, all at once.
+    name = model_name or model_folder.name
+    try:
+        if chosen.command is not None:
+            launch = _from_variant(
+                chosen,
+                model_folder,
+                mount_destination,
+                given,
+                defaults,
+                name,
+                parameters,
+                cluster_size,
+            )
+        elif command.strip():
+            launch = _from_command(command, mount_destination, given, defaults, name, overrides)
+        else:
+            launch = _from_model_definition(
+                model_folder, model_definition_path, mount_destination, given, defaults
+            )
+    except LaunchError as refused:
+        problems.extend(refused.problems)
     if problems:
         raise LaunchError(problems)
-    name = model_name or model_folder.name
-    if chosen.command is not None:
-        return _from_variant(
-            chosen, model_folder, mount_destination, given, defaults, name, parameters, cluster_size
-        )
-    if command.strip():
-        return _from_command(command, mount_destination, given, defaults, name)
-    return _from_model_definition(
-        model_folder, model_definition_path, mount_destination, given, defaults
-    )
+    return launch
+
+
+def _checked_command_settings(
+    values: Mapping[str, Any] | None, command: str, problems: list[LaunchProblem]
+) -> dict[str, Any]:
+    """Return the pasted command's overridden settings, recording those that cannot be used."""
+    if not values:
+        return {}
+    if not isinstance(values, Mapping):
+        problems.append(LaunchProblem("", "command_settings", "must be a mapping"))
+        return {}
+    if not command.strip():
+        message = "only a pasted command (Custom) takes these"
+        problems.append(LaunchProblem("", "command_settings", message))
+        return {}
+    checked: dict[str, Any] = {}
+    for key, value in values.items():
+        path = key_path("command_settings", str(key))
+        number = not isinstance(value, bool) and isinstance(value, int | float)
+        if key == "port":
+            if not (number and float(value).is_integer() and 1 <= value <= 65535):
+                problems.append(LaunchProblem("", path, "must be an integer between 1 and 65535"))
+                continue
+            value = int(value)
+        elif key == "health_path":
+            if not isinstance(value, str) or not value.startswith("/"):
+                problems.append(LaunchProblem("", path, 'must start with "/"'))
+                continue
+        elif key == "initial_delay":
+            if not number or value < 0:
+                problems.append(LaunchProblem("", path, "must be a number, 0 or more"))
+                continue
+            value = float(value)
+        elif key == "max_retries":
+            if not (number and float(value).is_integer() and value >= 0):
+                problems.append(LaunchProblem("", path, "must be an integer, 0 or more"))
+                continue
+            value = int(value)
+        else:
+            known = ", ".join(COMMAND_SETTINGS)
+            problems.append(LaunchProblem("", path, f"unknown setting; expected one of: {known}"))
+            continue
+        checked[key] = value
+    return checked
+
+
+def _in_file(problems: Sequence[LaunchProblem]) -> bool:
+    """Say whether every problem is in one of the folder's files (none is the launcher's)."""
+    return all(problem.file for problem in problems)
 
 
 def _checked_parameters(
@@ -507,14 +581,26 @@ def _from_command(
     given: dict[str, str],
     defaults: _Defaults,
     model_name: str,
+    overrides: Mapping[str, Any],
 ) -> Launch:
-    """Return the launch of a pasted command line (Custom)."""
+    """Return the launch of a pasted command line (Custom), with its overridden settings."""
     try:
         imported = import_command(command)
     except CommandImportError as unreadable:
         raise LaunchError([LaunchProblem("", "command", str(unreadable))]) from None
     argv = [PORT_PLACEHOLDER if arg == "$PORT" else arg for arg in imported.argv]
-    port = None if _mentions_port(argv) else imported.port
+    if _mentions_port(argv):
+        if "port" in overrides:
+            message = "the command listens on ${PORT}, which the agent allocates; leave it empty"
+            raise LaunchError([LaunchProblem("", "command_settings.port", message)])
+        port = None
+    else:
+        port = overrides.get("port", imported.port)
+    _refuse_controller_port(port, "", "command_settings.port" if "port" in overrides else "command")
+    health_check = _health_check(overrides.get("health_path", imported.health_path))
+    health_check.update(
+        {key: overrides[key] for key in ("initial_delay", "max_retries") if key in overrides}
+    )
     warnings = list(imported.warnings)
     if imported.image is not None:
         warnings.append(
@@ -532,7 +618,7 @@ def _from_command(
             "env": _process_env(env, port),
             "port": port,
             "model_name": imported.served_model_name or model_name,
-            "health_check": _health_check(imported.health_path),
+            "health_check": health_check,
             "pre_start_actions": [],
             **_capacity(imported.runtime, argv),
         },
@@ -544,6 +630,17 @@ def _from_command(
         resource_slots=defaults.resource_slots,
         warnings=tuple(warnings),
     )
+
+
+def _refuse_controller_port(port: int | None, file: str, path: str) -> None:
+    """Refuse a fixed port that one of the controller's own processes listens on."""
+    used_by = controller_ports().get(port) if port is not None else None
+    if used_by is not None:
+        message = (
+            f"port {port} is Nexus's own, used by {used_by}; listen on ${{PORT}} (a port the "
+            "agent allocates) or on another port"
+        )
+        raise LaunchError([LaunchProblem(file, path, message)])
 
 
 def _capacity(runtime_name: str, argv: Sequence[str]) -> dict[str, int]:
@@ -609,6 +706,7 @@ def _definition_launch(
         warnings.append(f"only the first model, {model.name}, is served; ignored: {ignored}")
     argv = list(service.start_command)
     port = None if _mentions_port(argv) else service.port
+    _refuse_controller_port(port, file, "models[0].service.port")
     tensor, pipeline = _command_sizes(argv)
     return Launch(
         runtime_variant=CUSTOM,

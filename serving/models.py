@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -15,6 +16,7 @@ from django.db.models.functions import Lower
 from nexus.choices import choices_of
 from nexus.models import ConfigInput, ConfigInputQuerySet
 from serving.health import ProbeVerdict
+from serving.scheduler import slots_text
 
 FOLDER_NAME_MAX_LENGTH = 100
 # Starting with a letter or digit rules out ".", "..", hidden names and our own ".nexus-*" files.
@@ -232,11 +234,22 @@ class Revision(models.Model):
 
     service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()
-    model_folder = models.ForeignKey(ModelFolder, on_delete=models.PROTECT, related_name="+")
+    # A folder may be deleted once only destroyed services used it (serving.folders.delete_folder
+    # refuses it otherwise); the revision then keeps the folder's name.
+    model_folder = models.ForeignKey(
+        ModelFolder, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    model_folder_name = models.CharField(max_length=FOLDER_NAME_MAX_LENGTH)
     mount_destination = models.CharField(max_length=200, default="/models")
     runtime_variant = models.CharField(max_length=32)
     model_definition_path = models.CharField(max_length=300, blank=True)
     command = models.TextField(blank=True, help_text="A pasted command line (Custom).")
+    command_settings = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="A pasted command's port, health_path, initial_delay and max_retries, where "
+        "given instead of derived from it.",
+    )
     environ = models.JSONField(default=dict, blank=True)
     runtime_parameters = models.JSONField(
         default=dict, blank=True, help_text="vLLM/SGLang launcher parameters by key."
@@ -254,6 +267,9 @@ class Revision(models.Model):
         ResourcePreset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     resource_slots = models.JSONField(default=dict, blank=True)
+    # The service definition's (or a pasted `docker run`'s) image: shown, not pulled, since a
+    # replica runs as a process on its node.
+    image = models.CharField(max_length=300, blank=True)
     spec = models.JSONField(default=dict)
     state = models.CharField(
         max_length=16, choices=RevisionState.choices, default=RevisionState.PENDING
@@ -274,6 +290,25 @@ class Revision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.service.name} r{self.number}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.model_folder is not None:
+            self.model_folder_name = self.model_folder.name
+        super().save(*args, **kwargs)
+
+    @property
+    def slots_text(self) -> str:
+        """Return the slots a replica reserves, in words: "1 CPU, 256 MiB"."""
+        return slots_text(self.resource_slots)
+
+    @property
+    def folder(self) -> ModelFolder:
+        """Return the model folder the revision mounts; a live service's cannot be deleted."""
+        if self.model_folder is None:
+            raise ModelFolder.DoesNotExist(
+                f"the model folder {self.model_folder_name!r} was deleted"
+            )
+        return self.model_folder
 
 
 class RouteState(models.TextChoices):

@@ -68,6 +68,8 @@ NO_HEALTH_CHECK_DEADLINE_S = 120.0
 LOCK_TIMEOUT_S = 300
 PLACEMENT_LOCK_WAIT_S = 30.0
 INSUFFICIENT = "waiting: insufficient resources in "
+# How many of a revision's ended routes are read for node refusals (a restart loop makes many).
+REFUSALS_LOOKED_AT = 50
 # A node is swept for orphans at most this often (a Redis key with this TTL claims the sweep).
 SWEEP_INTERVAL_S = 30
 # An orphan serves nobody: it gets a short SIGTERM grace, also so that a sweep stays short.
@@ -264,6 +266,7 @@ class _Tick:
         if self.service.running_revision is None:
             self.adopt_running()
         latest, running = self.service.latest_revision, self.service.running_revision
+        self.supersede_replaced(latest, running)
         if latest is None:
             for route in self.routes():
                 self.retire(route)
@@ -459,6 +462,22 @@ class _Tick:
         ).update(state=RevisionState.SUPERSEDED)
         self.service.refresh_from_db()
 
+    def supersede_replaced(self, latest: Revision | None, running: Revision | None) -> None:
+        """Mark superseded the unfinished revisions a later one replaced before they ran.
+
+        Only the latest and the running revision are ever rolled out or kept; an earlier one
+        still pending or rolling out never will be (its routes are retired with the others).
+        Only earlier ones: a revision made since this tick read the service is the next rollout.
+        """
+        if latest is None:
+            return
+        replaced = self.service.revisions.filter(
+            state__in=UNFINISHED_REVISIONS, number__lt=latest.number
+        )
+        if running is not None:
+            replaced = replaced.exclude(pk=running.pk)
+        replaced.update(state=RevisionState.SUPERSEDED)
+
     def set_revision_state(self, revision: Revision, state: str) -> None:
         Revision.objects.filter(pk=revision.pk, state__in=UNFINISHED_REVISIONS).update(state=state)
         revision.state = state
@@ -538,21 +557,31 @@ class _Tick:
         if not group.all_nodes:
             nodes = nodes.filter(pk__in=group.nodes.values("pk"))
         by_name = {node.name: node for node in nodes}
-        candidates = self.candidates(list(by_name.values()))
+        candidates, configs = self.candidates(list(by_name.values()), revision)
         size = int((revision.spec.get("cluster") or {}).get("size") or 1)
         need = replicas.resource_need(revision)
         decision = schedule(len(routes), candidates, need, group.name, size=size)
         for route, placement in zip(routes, decision.placements, strict=False):
             node = by_name[placement.node]
             workers = [(by_name[worker.node], worker.gpus) for worker in placement.workers]
-            replicas.place(route, node, placement.gpus, workers)
+            placed_on = [node.name, *(worker.name for worker, _ in workers)]
+            used = {name: configs[name] for name in placed_on}
+            replicas.place(route, node, placement.gpus, workers, used)
         for route in routes[len(decision.placements) :]:
             replicas.transition(
                 route, [RouteState.PROVISIONING], status_message=f"waiting: {decision.reason}"
             )
 
-    def candidates(self, nodes: Sequence[Node]) -> list[Candidate]:
-        """Return the nodes as the scheduler sees them, free slots read from their agents now."""
+    def candidates(
+        self, nodes: Sequence[Node], revision: Revision
+    ) -> tuple[list[Candidate], dict[str, str]]:
+        """Return the nodes as the scheduler sees them, free slots read from their agents now,
+        with each node's configuration digest (`replicas.node_config`) by name.
+
+        A node that refused a route of this revision for its own reason (a path it may not
+        use, a resource) under the configuration it has now is marked refused.
+        """
+        refusals = _refusals(revision)
         on_nodes = Route.objects.exclude(state=RouteState.TERMINATED).filter(node__in=nodes)
         counts = Counter(on_nodes.filter(service=self.service).values_list("node_id", flat=True))
         ports: dict[int, set[int]] = defaultdict(set)
@@ -560,15 +589,26 @@ class _Tick:
             if port is not None:
                 ports[node_id].add(port)
         found = []
+        configs = {}
         for node in nodes:
             try:
                 with node.client() as agent:
-                    free = agent.info().get("free") or {}
+                    info = agent.info()
             except (AgentUnreachable, AgentRefused) as error:
                 logger.info("not placing on node %s: %s", node.name, error)
                 continue
-            found.append(Candidate(node.name, free, counts[node.pk], frozenset(ports[node.pk])))
-        return found
+            configs[node.name] = replicas.node_config(info)
+            config, refused = refusals.get(node.name, ("", ""))
+            found.append(
+                Candidate(
+                    node.name,
+                    info.get("free") or {},
+                    counts[node.pk],
+                    frozenset(ports[node.pk]),
+                    refused=refused if config == configs[node.name] else "",
+                )
+            )
+        return found, configs
 
     # -- the pool, destroying, the status ------------------------------------------------
 
@@ -624,6 +664,23 @@ class _Tick:
         if message != self.service.status_message:
             Service.objects.filter(pk=self.service.pk).update(status_message=message)
             self.service.status_message = message
+
+
+def _refusals(revision: Revision) -> dict[str, tuple[str, str]]:
+    """Return the latest node refusal of the revision's recent routes by node name: the node's
+    configuration digest then, and what it refused."""
+    found: dict[str, tuple[str, str]] = {}
+    recent = (
+        Route.objects.filter(revision=revision, state__in=(*replicas.ENDED, RouteState.TERMINATED))
+        .order_by("-pk")
+        .values_list("pk", "placement")[:REFUSALS_LOOKED_AT]
+    )
+    for pk, placement in recent:
+        refused = (placement or {}).get("refused")
+        if refused:
+            message = f"refused route {pk}: {refused['message']}"
+            found.setdefault(refused["node"], (refused["node_config"], message))
+    return found
 
 
 def _retire_order(routes: Sequence[Route]) -> list[Route]:

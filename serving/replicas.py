@@ -8,6 +8,8 @@ too: a route that left that state meanwhile is left as the other writer made it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,6 +38,9 @@ MAX_BACKOFF_S = 60
 # Errors kept on a route (a crash loop carries them from route to route); the oldest go first.
 MAX_ERRORS = 50
 ENDED = (RouteState.UNHEALTHY, RouteState.FAILED_TO_START)
+# The agent's refusals that are about the node, not the route (nodes/agent/paths.py,
+# nodes/agent/processes.py).
+NODE_REFUSAL_CODES = frozenset({"path_not_allowed", "port_in_use"})
 # Exactly what `process_name` makes: a slug, then "-r<revision>-<route id>" without leading zeros.
 # The slug part is greedy, so a service named "a-r1-2" still parses ("a-r1-2-r3-4").
 # A multi-node replica's workers add "-w<rank>".
@@ -206,7 +211,7 @@ def process_spec(
     revision = route.revision
     spec = revision.spec
     mount = (revision.mount_destination or DEFAULT_MOUNT).rstrip("/") or "/"
-    real = folder_path or str(revision.model_folder.path)
+    real = folder_path or str(revision.folder.path)
     need = resource_need(revision)
     health_check = spec.get("health_check") or {}
     cluster = spec.get("cluster")
@@ -266,13 +271,24 @@ Worker = tuple[Node, Sequence[int]]
 FOLDER_JOB_FIELDS = ("state", "bytes_done", "bytes_total", "percent", "error")
 
 
-def place(route: Route, node: Node, gpus: Sequence[int], workers: Sequence[Worker]) -> bool:
-    """Put a PROVISIONING route on its node (and its workers on theirs), then launch it."""
+def place(
+    route: Route,
+    node: Node,
+    gpus: Sequence[int],
+    workers: Sequence[Worker],
+    node_configs: Mapping[str, str] | None = None,
+) -> bool:
+    """Put a PROVISIONING route on its node (and its workers on theirs), then launch it.
+
+    `node_configs` (each node's `node_config` when placed) lets a refusal name the
+    configuration it was made under.
+    """
     placement = {
         "gpus": list(gpus),
         "workers": [
             {"node": worker.name, "gpus": list(worker_gpus)} for worker, worker_gpus in workers
         ],
+        "node_configs": dict(node_configs or {}),
     }
     if not transition(
         route, [RouteState.PROVISIONING], node=node, status_message="", placement=placement
@@ -316,13 +332,14 @@ def launch(route: Route) -> bool:
                     if copy.get("job"):
                         job = agent.job(copy["job"])
                     else:
-                        spec = folder_sync.job_spec(revision.model_folder, manifest, target.pk)
+                        spec = folder_sync.job_spec(revision.folder, manifest, target.pk)
                         job = agent.submit_job(spec)
             except AgentUnreachable as error:
                 message = f"waiting: node {target.name} did not answer: {error.reason}"
                 transition(route, [RouteState.PROVISIONING], status_message=message)
                 return False
             except AgentRefused as error:
+                note_refusal(route, target.name, error)
                 fail(route, f"node {target.name} refused the model folder: {error.message}")
                 return False
             copy = {"job": job["id"], **{key: job.get(key) for key in FOLDER_JOB_FIELDS}}
@@ -330,7 +347,7 @@ def launch(route: Route) -> bool:
             copies[target.name] = copy
         if copy["state"] == "failed":
             transition(route, [RouteState.PROVISIONING], placement={**placement, "folders": copies})
-            folder = revision.model_folder.name
+            folder = revision.model_folder_name
             fail(
                 route,
                 f"copying model folder {folder} to node {target.name} failed: {copy['error']}",
@@ -341,7 +358,7 @@ def launch(route: Route) -> bool:
         else:
             done = amount(copy.get("bytes_done") or 0, copy.get("bytes_total"))
             percent = f" ({copy['percent']:g}%)" if copy.get("percent") is not None else ""
-            what = f"copying model folder {revision.model_folder.name} to node {target.name}"
+            what = f"copying model folder {revision.model_folder_name} to node {target.name}"
             progress.append(f"{what}: {done}{percent}")
     waiting = "; ".join(progress)
     transition(
@@ -358,7 +375,7 @@ def launch(route: Route) -> bool:
 def folder_manifest(revision: Revision) -> dict[str, Any]:
     """Return the revision's folder manifest, fixing it now if it has none yet."""
     if revision.folder_manifest is None:
-        made = folder_sync.manifest(revision.model_folder)
+        made = folder_sync.manifest(revision.folder)
         Revision.objects.filter(pk=revision.pk, folder_manifest__isnull=True).update(
             folder_manifest=made
         )
@@ -384,6 +401,33 @@ def _start_or_adopt(node: Node, spec: dict[str, Any]) -> dict[str, Any]:
             if record.get("name") == spec["name"] and record.get("state") == "running"
         ]
         return running[0] if running else agent.start_process(spec)
+
+
+def node_config(info: Mapping[str, Any]) -> str:
+    """Return a digest of what decides whether an agent accepts a route: the directories it
+    may use, its resources, and when it started (a changed configuration means a restart)."""
+    facts = {key: info.get(key) for key in ("allowed_dirs", "resources", "started_at")}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def refused_for_the_node(error: AgentRefused) -> bool:
+    """Say whether a refusal is the node's (a path it may not use, a resource it lacks or has
+    taken) rather than the route's: another node may well accept the same route."""
+    return error.code in NODE_REFUSAL_CODES or error.message.startswith("resources")
+
+
+def note_refusal(route: Route, node_name: str, error: AgentRefused) -> None:
+    """Keep on the route that a node refused it for the node's own reason, and under which of
+    the node's configurations; the scheduler leaves that node out until it changes."""
+    if not refused_for_the_node(error):
+        return
+    placement = dict(route.placement or {})
+    placement["refused"] = {
+        "node": node_name,
+        "node_config": (placement.get("node_configs") or {}).get(node_name, ""),
+        "message": error.message,
+    }
+    transition(route, [route.state], placement=placement)
 
 
 def start_route(
@@ -412,6 +456,7 @@ def start_route(
         )
         return False
     except AgentRefused as error:
+        note_refusal(route, node.name, error)
         fail(route, f"node {node.name} refused to start it: {error.message}")
         return False
     started = transition(
@@ -446,6 +491,8 @@ def _start_workers(
             record = _start_or_adopt(node, spec)
         except (AgentUnreachable, AgentRefused) as error:
             reason = error.reason if isinstance(error, AgentUnreachable) else error.message
+            if isinstance(error, AgentRefused):
+                note_refusal(route, node.name, error)
             fail(route, f"worker rank {rank} could not start on node {node.name}: {reason}")
             return False
         RoutePart.objects.filter(pk=part.pk).update(

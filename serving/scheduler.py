@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from nexus.ui.format import binary_size
 from serving.definitions.service_definition import parse_memory
-
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,8 @@ class Need:
         )
 
     def describe(self) -> str:
-        """Return the need in words, e.g. "2 CPU, 4.0 GiB, 1 GPU"."""
-        parts = [f"{self.cpu:g} CPU", _gib(self.memory_bytes)]
+        """Return the need in words, e.g. "2 CPU, 4 GiB, 1 GPU"."""
+        parts = [f"{self.cpu:g} CPU", binary_size(self.memory_bytes)]
         if self.gpus:
             parts.append(_gpus(self.gpus))
         if self.port is not None:
@@ -59,6 +58,9 @@ class Candidate:
     free: Mapping[str, Any]
     routes: int = 0  # routes of this service on the node already
     ports_in_use: frozenset[int] = frozenset()
+    # Why the node refused a route of this revision for a path or resource reason, while its
+    # configuration is unchanged since: it is not chosen again ("" when it did not).
+    refused: str = ""
 
     @property
     def cpu(self) -> float:
@@ -86,12 +88,13 @@ class Candidate:
                 self.memory_bytes < need.memory_bytes,
                 len(self.gpu_indexes) < need.gpus,
                 need.port is not None and need.port in self.ports_in_use,
+                bool(self.refused),
             )
         )
 
     def describe_free(self, need: Need) -> str:
         """Return what the node has free, in the terms the need is stated in."""
-        parts = [f"{self.cpu:g} CPU", _gib(self.memory_bytes)]
+        parts = [f"{self.cpu:g} CPU", binary_size(self.memory_bytes)]
         if need.gpus:
             parts.append(_gpus(len(self.gpu_indexes)))
         text = ", ".join(parts) + " free"
@@ -128,9 +131,7 @@ def schedule(
     multi-node replica (`size` above 1) takes `size` distinct nodes that each fit the need,
     the best one its main, or none at all.
     """
-    nodes = [
-        Candidate(c.name, dict(c.free), c.routes, frozenset(c.ports_in_use)) for c in candidates
-    ]
+    nodes = [replace(c, free=dict(c.free)) for c in candidates]
     placements: list[Placement] = []
     for _ in range(replicas):
         fitting = sorted(
@@ -167,12 +168,17 @@ def insufficient_cluster(group: str, need: Need, size: int, nodes: Sequence[Cand
 def insufficient(group: str, need: Need, nodes: Sequence[Candidate]) -> str:
     """Return why no node fits, naming the node that came closest and what it has free."""
     head = f"insufficient resources in {group}: needs {need.describe()}"
-    if not nodes:
-        return f"{head}; no usable node in the group"
+    refusals = "".join(f"; node {node.name} {node.refused}" for node in nodes if node.refused)
+    if refusals:
+        refusals += " (not chosen again until its configuration changes)"
+    willing = [node for node in nodes if not node.refused]
+    if not willing:
+        return f"{head}; no usable node in the group{refusals}" if not nodes else head + refusals
     best = min(
-        nodes, key=lambda node: (node.shortfalls(need), -node.memory_bytes, -node.cpu, node.name)
+        willing,
+        key=lambda node: (node.shortfalls(need), -node.memory_bytes, -node.cpu, node.name),
     )
-    return f"{head}; best node {best.name} has {best.describe_free(need)}"
+    return f"{head}; best node {best.name} has {best.describe_free(need)}{refusals}"
 
 
 def _reserve(node: Candidate, need: Need, gpus: tuple[int, ...]) -> None:
@@ -191,8 +197,20 @@ def _reserve(node: Candidate, need: Need, gpus: tuple[int, ...]) -> None:
         node.ports_in_use = node.ports_in_use | {need.port}
 
 
-def _gib(memory_bytes: int) -> str:
-    return f"{memory_bytes / GIB:.1f} GiB"
+def slots_text(slots: Mapping[str, Any]) -> str:
+    """Return resource slots in words, e.g. "2 CPU, 256 MiB, 0.5 GPU"; no GPU part when none
+    is reserved, "nothing reserved" for no slots."""
+    if not slots:
+        return "nothing reserved"
+    mem = slots.get("mem") or 0
+    parts = [
+        f"{float(slots.get('cpu') or 0):g} CPU",
+        binary_size(parse_memory(mem) if isinstance(mem, str) else mem),
+    ]
+    shares = float(slots.get("cuda.shares") or 0)
+    if shares:
+        parts.append(f"{shares:g} GPU")
+    return ", ".join(parts)
 
 
 def _gpus(count: int) -> str:

@@ -35,6 +35,7 @@ from serving.models import (
     readiness_text,
 )
 from serving.replicas import clear_errors_and_retry
+from serving.scheduler import slots_text
 
 NAME_MAX_LENGTH = 64
 MAX_REPLICAS = 64
@@ -48,6 +49,7 @@ RESOLVED_FIELDS = (
     "mount_destination",
     "model_definition_path",
     "command",
+    "command_settings",
     "environ",
     "runtime_parameters",
     "cluster_size",
@@ -56,6 +58,7 @@ RESOLVED_FIELDS = (
 LAUNCH_FIELDS = (*RESOLVED_FIELDS, "resource_group", "preset", "resource_slots")
 # The service's own settings: changing them makes no revision.
 SERVICE_FIELDS = ("desired_replicas", "open_to_public")
+FINISHED_ROUTES_SHOWN = 20
 M = TypeVar("M", bound=models.Model)
 
 
@@ -88,9 +91,14 @@ class Plan:
     runtime_variant: str
     model_definition_path: str
     command: str
+    command_settings: dict[str, Any]
     environ: dict[str, str]
     runtime_parameters: dict[str, str]
     cluster_size: int
+
+    @property
+    def slots_text(self) -> str:
+        return slots_text(self.resource_slots)
 
 
 def check_service(
@@ -105,6 +113,7 @@ def check_service(
     mount_destination: str = DEFAULT_MOUNT,
     model_definition_path: str = "",
     command: str = "",
+    command_settings: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     runtime_parameters: Mapping[str, Any] | None = None,
     cluster_size: int = 1,
@@ -133,6 +142,7 @@ def check_service(
             mount_destination=mount_destination,
             model_definition_path=model_definition_path,
             command=command,
+            command_settings=command_settings,
             environ=environ,
             runtime_parameters=runtime_parameters,
             cluster_size=cluster_size,
@@ -154,6 +164,7 @@ def check_service(
         runtime_variant=runtime_variant,
         model_definition_path=model_definition_path.strip(),
         command=command.strip(),
+        command_settings=dict(command_settings or {}),
         environ=dict(environ or {}),
         # Stored as the launcher checked them: empty values (the server's default) left out.
         runtime_parameters=_stored_parameters(runtime_parameters),
@@ -186,6 +197,7 @@ def create_service(**declaration: Any) -> Service:
                 runtime_variant=plan.runtime_variant,
                 model_definition_path=plan.model_definition_path,
                 command=plan.command,
+                command_settings=plan.command_settings,
                 environ=plan.environ,
                 runtime_parameters=plan.runtime_parameters,
                 cluster_size=plan.cluster_size,
@@ -249,6 +261,46 @@ def update_service(service: Service, *, actor: User | None = None, **changes: An
     return service.latest_revision
 
 
+def check_update(service: Service, **changes: Any) -> Plan:
+    """Return what `update_service` would run with the changes, writing nothing; raise
+    ServiceError with every problem. The launch is resolved even when nothing changed."""
+    _check_alive(service)
+    latest = service.latest_revision
+    assert latest is not None, "every service is created with its first revision"
+    problems: list[LaunchProblem] = []
+    replicas = changes.get("desired_replicas", service.desired_replicas)
+    _check_replicas(replicas, problems)
+    settings = _changed_settings(latest, changes, problems)
+    launch = None
+    if settings is not None:
+        launch = _resolve(problems, **{key: settings[key] for key in RESOLVED_FIELDS})
+    if problems:
+        raise ServiceError(problems)
+    assert settings is not None and launch is not None
+    slots = settings["resource_slots"]
+    if "preset" in changes or "resource_slots" in changes:
+        slots = _merged_slots(launch, settings["preset"], changes.get("resource_slots") or {})
+    return Plan(
+        name=service.name,
+        project=service.project,
+        owner=service.owner,
+        open_to_public=bool(changes.get("open_to_public", service.open_to_public)),
+        desired_replicas=replicas,
+        model_folder=settings["model_folder"],
+        resource_group=settings["resource_group"],
+        preset=settings["preset"],
+        resource_slots=slots,
+        launch=launch,
+        runtime_variant=settings["runtime_variant"],
+        model_definition_path=settings["model_definition_path"],
+        command=settings["command"],
+        command_settings=settings["command_settings"],
+        environ=settings["environ"],
+        runtime_parameters=settings["runtime_parameters"],
+        cluster_size=settings["cluster_size"],
+    )
+
+
 def scale_service(service: Service, replicas: int) -> Service:
     """Set how many replicas the service keeps; the reconciler starts or stops the difference."""
     update_service(service, desired_replicas=replicas)
@@ -269,11 +321,53 @@ def delete_service(service: Service) -> Service:
     return service
 
 
-def clear_route_errors(route: Route) -> Route:
-    """Forget the route's errors and let the reconciler start it again at once."""
+class RouteFinished(ServiceError):
+    """The route is terminated: another replaced it, and nothing of it can be retried."""
+
+    status_code = 409
+
+
+def clear_route_errors(route: Route, actor: User | None = None) -> Route:
+    """Forget the route's errors and let the reconciler start it again at once.
+
+    The model folder's files are read again first: when what they define now differs from what
+    the route's revision froze (a definition file fixed since), the service gets a new revision
+    of the same settings, rolled out as any change, so the fixed file is what runs. Files that
+    still have problems are refused with them, and nothing changes.
+    """
+    if route.state == RouteState.TERMINATED:
+        message = f"route {route.pk} is terminated; the route that replaced it is retried instead"
+        raise RouteFinished([LaunchProblem("", "", message)])
+    service = route.service
+    latest = service.latest_revision
+    if route.revision_id == getattr(latest, "pk", None) and latest is not None:
+        _check_alive(service)
+        _renew_from_files(service, latest, actor)
     clear_errors_and_retry(route)
     route.refresh_from_db()
     return route
+
+
+def _renew_from_files(service: Service, latest: Revision, actor: User | None) -> None:
+    """Make the next revision of the latest's settings if the folder's files now resolve them
+    to something else (a command, port, health check, variables, image)."""
+    problems: list[LaunchProblem] = []
+    settings = _settings_of(latest)
+    launch = _resolve(problems, **{key: settings[key] for key in RESOLVED_FIELDS})
+    if problems or launch is None:
+        raise ServiceError(problems)
+    fresh = (launch.spec, launch.mount_destination, launch.image or "")
+    if fresh == (latest.spec, latest.mount_destination, latest.image):
+        return
+    with transaction.atomic():
+        locked = Service.objects.select_for_update().get(pk=service.pk)
+        _check_alive(locked)
+        if locked.latest_revision_id != latest.pk:
+            return  # another change made a newer revision meanwhile, from the files as they are
+        number = (locked.revisions.aggregate(last=Max("number"))["last"] or 0) + 1
+        locked.latest_revision = _new_revision(locked, number, actor, launch=launch, **settings)
+        locked.save(update_fields=["latest_revision", "updated_at"])
+    service.refresh_from_db()
 
 
 # Reading a service's state
@@ -308,14 +402,13 @@ def in_tab(services: QuerySet[Service], tab: str) -> QuerySet[Service]:
     return services.exclude(lifecycle=ServiceLifecycle.DESTROYED)
 
 
-def shown_routes(service: Service) -> QuerySet[Route]:
-    """Return the routes worth showing: every one not terminated, and those with errors left."""
-    return (
-        service.routes.exclude(Q(state=RouteState.TERMINATED) & Q(errors=[]))
-        .select_related("node", "revision")
-        .prefetch_related("parts__node")
-        .order_by("id")
-    )
+def shown_routes(service: Service, *, finished: bool = False) -> QuerySet[Route]:
+    """Return the running routes (every one not terminated), oldest first; or the finished
+    ones, newest first and at most FINISHED_ROUTES_SHOWN (a restart loop leaves hundreds)."""
+    routes = service.routes.select_related("node", "revision").prefetch_related("parts__node")
+    if not finished:
+        return routes.exclude(state=RouteState.TERMINATED).order_by("id")
+    return routes.filter(state=RouteState.TERMINATED).order_by("-id")[:FINISHED_ROUTES_SHOWN]
 
 
 def find_service(name: str) -> Service | None:
@@ -450,11 +543,12 @@ def _resolve(problems: list[LaunchProblem], **settings: Any) -> Launch | None:
 def _settings_of(revision: Revision) -> dict[str, Any]:
     """Return a revision's launch settings, as `_changed_settings` returns them."""
     return {
-        "model_folder": revision.model_folder,
+        "model_folder": revision.folder,
         "runtime_variant": revision.runtime_variant,
         "mount_destination": revision.mount_destination,
         "model_definition_path": revision.model_definition_path,
         "command": revision.command,
+        "command_settings": dict(revision.command_settings),
         "environ": dict(revision.environ),
         "runtime_parameters": dict(revision.runtime_parameters),
         "cluster_size": revision.cluster_size,
@@ -482,7 +576,7 @@ def _changed_settings(
             value = _by_name(ResourcePreset, value, key, "resource preset", problems, True)
         elif key == "resource_slots":
             value = _checked_slots(value, problems)
-        elif key == "environ":
+        elif key in ("environ", "command_settings"):
             value = dict(value or {})
         elif key == "runtime_parameters":
             value = _stored_parameters(value)
@@ -493,6 +587,7 @@ def _changed_settings(
         # What only Custom takes is dropped when the variant changes, unless given again.
         for key in ("command", "model_definition_path"):
             settings[key] = changes.get(key, "")
+        settings["command_settings"] = dict(changes.get("command_settings") or {})
     if "runtime_variant" in changes and changes["runtime_variant"] != latest.runtime_variant:
         # Parameters are one runtime's flags: another runtime starts from its defaults.
         settings["runtime_parameters"] = _stored_parameters(changes.get("runtime_parameters"))
@@ -503,6 +598,8 @@ def _changed_settings(
     ):
         if str(changes.get(given) or "").strip() and other not in changes:
             settings[other] = ""
+            if given == "model_definition_path" and "command_settings" not in changes:
+                settings["command_settings"] = {}
     return None if len(problems) > before else settings
 
 
@@ -531,6 +628,7 @@ def _new_revision(
         service=service,
         number=number,
         mount_destination=launch.mount_destination,
+        image=launch.image or "",
         spec=launch.spec,
         created_by=actor,
         **settings,

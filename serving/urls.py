@@ -24,6 +24,7 @@ urlpatterns = [
     path("services/<slug:name>/", views.service_detail, name="service_detail"),
     path("services/<slug:name>/scale/", views.service_scale, name="service_scale"),
     path("services/<slug:name>/delete/", views.service_delete, name="service_delete"),
+    path("services/<slug:name>/edit/", views.service_edit, name="service_edit"),
     path("services/<slug:name>/tokens/", views.service_token_issue, name="service_token_issue"),
     path(
         "services/<slug:name>/tokens/<int:token_id>/revoke/",

@@ -25,8 +25,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
+from nexus.ui.format import count
 from serving import folder_sync, folders, services, tokens
-from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm
+from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm, form_data_of
 from serving.launch import LaunchError, LaunchProblem
 from serving.models import ModelFolder, RouteState, Service, ServiceLifecycle
 
@@ -85,6 +86,9 @@ def model_folder_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a folder with its files, or only the files table for an htmx request."""
     folder = get_object_or_404(ModelFolder.objects.select_related("owner"), name=name)
     context = {"section": SECTION, **files_context(folder)}
+    if request.user.is_staff and not request.htmx:
+        # Said in the delete dialog before anyone tries.
+        context["in_use"] = folders.in_use_reason(folder)
     return render_page_or_fragment(request, FOLDER_DETAIL, FILES_TABLE, context)
 
 
@@ -161,10 +165,15 @@ def model_folder_delete(request: HttpRequest, name: str) -> HttpResponse:
     folder = get_object_or_404(ModelFolder, name=name)
     require_staff(request, "change model folders")
     if request.method == "POST":
-        folders.delete_folder(folder)
+        try:
+            folders.delete_folder(folder)
+        except folders.FolderInUse as in_use:
+            context = {"section": SECTION, "folder": folder, "in_use": str(in_use)}
+            return render(request, "serving/model_folder_delete.html", context, status=409)
         messages.success(request, f"Deleted model folder {name} and its files.")
         return redirect("serving:model_folder_list")
     context = {"section": SECTION, "folder": folder, **files_context(folder)}
+    context["in_use"] = folders.in_use_reason(folder)
     return render(request, "serving/model_folder_delete.html", context)
 
 
@@ -214,17 +223,21 @@ class LaunchCheck:
 
 
 def check_launch(form: ServiceLaunchForm, owner: User | None) -> LaunchCheck:
-    """Return what would happen if the form were submitted now; nothing is written."""
+    """Return what would happen if the form were submitted now (a new service, or the next
+    revision of the one edited); nothing is written."""
     if not form.is_valid():
         return LaunchCheck(problems=form.problems(), plan=None)
     try:
-        plan = services.check_service(owner=owner, **form.declaration())
+        if form.editing is not None:
+            plan = services.check_update(form.editing, **form.changes())
+        else:
+            plan = services.check_service(owner=owner, **form.declaration())
     except LaunchError as refused:
         for problem in refused.problems:
-            # Shown next to its field too (a parameter in its tab, the cluster size).
-            name = form.field_of(problem.path) if not problem.file else None
-            if name is not None and name.startswith(("param_", "cluster_size")):
-                form.add_error(name, problem.message)
+            # Shown next to its field too; a file's problem says where in the file.
+            name = form.field_of(problem)
+            if name is not None:
+                form.add_error(name, str(problem) if problem.file else problem.message)
         return LaunchCheck(problems=list(refused.problems), plan=None)
     return LaunchCheck(problems=[], plan=plan)
 
@@ -263,12 +276,44 @@ def service_new(request: HttpRequest) -> HttpResponse:
     return render(request, SERVICE_NEW, context, status=400 if check else 200)
 
 
+@require_http_methods(["GET", "POST"])
+@login_required
+def service_edit(request: HttpRequest, name: str) -> HttpResponse:
+    """Render the launcher filled in from the service's latest revision; on POST, apply it:
+    a changed launch setting makes the next revision, which rolls out."""
+    require_staff(request, "change services")
+    service = service_or_404(name)
+    if service.lifecycle != ServiceLifecycle.ACTIVE:
+        messages.error(request, f"{service.name} is {service.get_lifecycle_display().lower()}.")
+        return redirect("serving:service_detail", name=service.name)
+    form = ServiceLaunchForm(request.POST or form_data_of(service), editing=service)
+    check = check_launch(form, acting_user(request))
+    if request.method == "POST" and check.plan is not None:
+        before = service.latest_revision_id
+        try:
+            latest = services.update_service(service, actor=acting_user(request), **form.changes())
+        except LaunchError as refused:
+            check = LaunchCheck(problems=list(refused.problems), plan=None)
+        else:
+            if latest.pk == before:
+                messages.success(request, f"Updated {service.name}; its revision is unchanged.")
+            else:
+                messages.success(
+                    request, f"Updated {service.name}: revision {latest.number} rolls out."
+                )
+            return redirect("serving:service_detail", name=service.name)
+    context = {"section": SERVICES_SECTION, "form": form, "check": check, "editing": service}
+    failed = request.method == "POST"
+    return render(request, SERVICE_NEW, context, status=400 if failed else 200)
+
+
 @require_POST
 @login_required
 def service_check(request: HttpRequest) -> HttpResponse:
     """Render the launcher's check of the form as it is now: problems, or what would run."""
     require_staff(request, "start services")
-    form = ServiceLaunchForm(request.POST)
+    editing = request.POST.get("editing")
+    form = ServiceLaunchForm(request.POST, editing=service_or_404(editing) if editing else None)
     check = check_launch(form, acting_user(request))
     # The fields' own error slots are updated out of band, beside the check.
     return render(request, LAUNCH_CHECK, {"check": check, "form": form, "oob": True})
@@ -279,7 +324,9 @@ def service_check(request: HttpRequest) -> HttpResponse:
 def service_variant_fields(request: HttpRequest) -> HttpResponse:
     """Render the launcher's fields for the variant (and Custom mode) chosen now."""
     require_staff(request, "start services")
-    return render(request, VARIANT_FIELDS, {"form": ServiceLaunchForm(request.POST)})
+    editing = request.POST.get("editing")
+    form = ServiceLaunchForm(request.POST, editing=service_or_404(editing) if editing else None)
+    return render(request, VARIANT_FIELDS, {"form": form})
 
 
 def service_or_404(name: str) -> Service:
@@ -290,8 +337,9 @@ def service_or_404(name: str) -> Service:
     return service
 
 
-def service_context(service: Service) -> dict[str, Any]:
-    """Return what the service page and its live status section show."""
+def service_context(service: Service, *, finished_routes: bool = False) -> dict[str, Any]:
+    """Return what the service page and its live status section show; the routes card lists
+    the running routes, or the finished ones when `finished_routes`."""
     issued_tokens = [
         {"token": token, "state": tokens.token_status(token)}
         for token in tokens.service_tokens(service)
@@ -313,7 +361,10 @@ def service_context(service: Service) -> dict[str, Any]:
         "updating": updating,
         # Side by side while they differ (the running one is None before the first rollout).
         "compared_revisions": [latest, running] if updating and running else [latest],
-        "routes": services.shown_routes(service),
+        "routes": services.shown_routes(service, finished=finished_routes),
+        "finished_routes": finished_routes,
+        "finished_count": service.routes.filter(state=RouteState.TERMINATED).count(),
+        "finished_shown": services.FINISHED_ROUTES_SHOWN,
         "revisions": service.revisions.order_by("-number"),
         "tokens": issued_tokens,
         "token_form": ServiceTokenForm(),
@@ -326,9 +377,10 @@ def service_context(service: Service) -> dict[str, Any]:
 def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a service, or only its live status section for an htmx request."""
     service = service_or_404(name)
-    return render_page_or_fragment(
-        request, "serving/service_detail.html", SERVICE_STATUS, service_context(service)
-    )
+    context = service_context(service, finished_routes=request.GET.get("routes") == "finished")
+    if not request.htmx:
+        context["issued"] = take_issued(request, service)
+    return render_page_or_fragment(request, "serving/service_detail.html", SERVICE_STATUS, context)
 
 
 @require_POST
@@ -347,7 +399,7 @@ def service_scale(request: HttpRequest, name: str) -> HttpResponse:
     except LaunchError as refused:
         messages.error(request, str(refused))
     else:
-        messages.success(request, f"{service.name} now keeps {replicas} replicas.")
+        messages.success(request, f"{service.name} now keeps {count(replicas, 'replica')}.")
     return redirect("serving:service_detail", name=service.name)
 
 
@@ -358,8 +410,12 @@ def route_clear_errors(request: HttpRequest, name: str, route_id: int) -> HttpRe
     require_staff(request, "change services")
     service = service_or_404(name)
     route = get_object_or_404(service.routes, pk=route_id)
-    services.clear_route_errors(route)
-    messages.success(request, f"Cleared the errors of route {route.pk}; retrying it now.")
+    try:
+        services.clear_route_errors(route, actor=acting_user(request))
+    except LaunchError as refused:
+        messages.error(request, f"Route {route.pk} was not retried: {refused}")
+    else:
+        messages.success(request, f"Cleared the errors of route {route.pk}; retrying it now.")
     return redirect("serving:service_detail", name=service.name)
 
 
@@ -401,9 +457,24 @@ def service_token_issue(request: HttpRequest, name: str) -> HttpResponse:
     except ValidationError as refused:
         messages.error(request, " ".join(refused.messages))
         return redirect("serving:service_detail", name=service.name)
-    # Rendered, not redirected: the secret must not travel through a stored message.
-    context = {**service_context(service), "issued": {"token": token, "secret": secret}}
-    return render(request, "serving/service_detail.html", context)
+    # Redirected, so a reload issues no second token. The secret waits in the server-side
+    # session (not a message, which may live in a cookie) for the one page that shows it.
+    request.session[issued_key(service)] = {"token": token.pk, "secret": secret}
+    return redirect("serving:service_detail", name=service.name)
+
+
+def issued_key(service: Service) -> str:
+    """Return the session key a just-issued token's secret waits under until shown."""
+    return f"serving-issued-token-{service.pk}"
+
+
+def take_issued(request: HttpRequest, service: Service) -> dict[str, Any] | None:
+    """Return the token issued just now with its secret, once: it leaves the session."""
+    issued = request.session.pop(issued_key(service), None)
+    if issued is None:
+        return None
+    token = next((t for t in tokens.service_tokens(service) if t.pk == issued["token"]), None)
+    return {"token": token, "secret": issued["secret"]} if token is not None else None
 
 
 @require_POST

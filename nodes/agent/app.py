@@ -43,7 +43,7 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.identity = Identity.load_or_create(config.data_dir)
-        self.processes = ProcessManager(config.data_dir, config.allowed_dirs)
+        self.processes = ProcessManager(config.data_dir, config.allowed_dirs, config.reserved_ports)
         self.jobs = JobRunner(config.data_dir, self.processes, config.allowed_dirs)
         self.metrics = MetricsSampler(self.processes.running)
         self.started_at = (

@@ -41,6 +41,8 @@ class AgentConfig:
     host: str = "127.0.0.1"
     port: int = 7100
     allowed_dirs: tuple[Path, ...] = ()
+    # Ports other programs on this machine own (the controller's): never given to a process.
+    reserved_ports: frozenset[int] = frozenset()
     watch: tuple[str, ...] = ()
     upstream_timeout_s: float = DEFAULT_UPSTREAM_TIMEOUT_S
 
@@ -64,6 +66,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help="a directory the agent may read models from and run commands in (repeatable)",
+    )
+    parser.add_argument(
+        "--reserve-port",
+        action="append",
+        default=[],
+        type=int,
+        metavar="PORT",
+        help="a port that another program on this machine uses: never allocated to a process, "
+        "and refused when a process asks for it (repeatable)",
     )
     parser.add_argument(
         "--watch",
@@ -104,6 +115,7 @@ def config_from_options(
         host=options.get("host") or "127.0.0.1",
         port=int(options.get("port") or 7100),
         allowed_dirs=tuple(allowed),
+        reserved_ports=frozenset(options.get("reserve_port") or ()),
         watch=tuple(url.rstrip("/") for url in options.get("watch") or ()),
         upstream_timeout_s=float(timeout) if timeout else DEFAULT_UPSTREAM_TIMEOUT_S,
     )

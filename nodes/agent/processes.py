@@ -123,7 +123,10 @@ class _Process:
 class ProcessManager:
     """Start, watch, stop and remember the processes this agent runs."""
 
-    def __init__(self, data_dir: Path, allowed_dirs: Sequence[Path]) -> None:
+    def __init__(
+        self, data_dir: Path, allowed_dirs: Sequence[Path], reserved_ports: Iterable[int] = ()
+    ) -> None:
+        self.reserved_ports = frozenset(reserved_ports)
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.logs_dir = self.data_dir / LOGS_DIR
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -364,7 +367,12 @@ class ProcessManager:
         shutil.rmtree(directory / process_id, ignore_errors=True)
 
     def _claim(self, port: int) -> None:
-        """Refuse a port another running process holds or something else has bound."""
+        """Refuse a port another running process holds, one reserved, or one something else
+        has bound."""
+        if port in self.reserved_ports:
+            raise AgentError(
+                409, "port_in_use", f"port {port} is reserved for another program on this node"
+            )
         for process in self._processes.values():
             if process.running and process.record["port"] == port:
                 raise AgentError(
@@ -376,7 +384,7 @@ class ProcessManager:
 
     def _allocate_port(self, also_held: Iterable[int | None] = ()) -> int:
         """Return a free loopback port no running process was given (it may not be bound yet)."""
-        held = set(also_held)
+        held = set(also_held) | self.reserved_ports
         for process in self._processes.values():
             if process.running:
                 held |= {process.record["port"], process.record.get("dist_port")}

@@ -209,7 +209,7 @@ class RouteSerializer(serializers.ModelSerializer):
 class RevisionSerializer(serializers.ModelSerializer):
     """One immutable version of a service's launch, with its resolved spec."""
 
-    model_folder = serializers.CharField(source="model_folder.name", read_only=True)
+    model_folder = serializers.CharField(source="model_folder_name", read_only=True)
     resource_group = serializers.CharField(source="resource_group.name", read_only=True)
     preset = serializers.CharField(source="preset.name", read_only=True, allow_null=True)
     state = serializers.CharField(
@@ -230,12 +230,14 @@ class RevisionSerializer(serializers.ModelSerializer):
             "runtime_variant",
             "model_definition_path",
             "command",
+            "command_settings",
             "environ",
             "runtime_parameters",
             "cluster_size",
             "resource_group",
             "preset",
             "resource_slots",
+            "image",
             "spec",
             "created_by",
             "created_at",
@@ -351,6 +353,12 @@ class LaunchFieldsSerializer(serializers.Serializer):
         allow_blank=True,
         trim_whitespace=False,
         help_text="Custom: a pasted command line, e.g. `vllm serve /models/my-model --tp 2`.",
+    )
+    command_settings = serializers.DictField(
+        child=serializers.JSONField(),
+        default=dict,
+        help_text="Custom with a command: what it would otherwise be derived from it, any of "
+        '{"port": 8001, "health_path": "/", "initial_delay": 60.0, "max_retries": 10}.',
     )
     environ = serializers.DictField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False),

@@ -27,7 +27,7 @@ from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
 from nexus import access
-from nexus.auth import ApiTokenAuthentication
+from nexus.auth import ApiTokenAuthentication, acting_user
 from nexus.models import DEFAULT_PROJECT, project_named
 from serving import folders, services
 from serving.api.serializers import (
@@ -410,7 +410,8 @@ class ServiceViewSet(
     def clear_errors(self, request: Request, name: str, route_id: str) -> Response:
         """Forget a route's errors and retry it now, without waiting out its backoff."""
         route = get_object_or_404(self.get_object().routes, pk=route_id)
-        return Response(RouteSerializer(services.clear_route_errors(route)).data)
+        cleared = services.clear_route_errors(route, actor=acting_user(request))
+        return Response(RouteSerializer(cleared).data)
 
 
 class ResourceGroupViewSet(

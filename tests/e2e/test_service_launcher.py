@@ -84,19 +84,35 @@ def test_the_launcher_checks_as_one_types_and_starts_the_service(
     # Fixed: the command is read into its runtime, port, parallelism and model path.
     command.fill("")
     command.press_sequentially("vllm serve /models/llama --tp 2")
+    # On its server's default port, 8000, which is Nexus's own: refused at the command.
+    expect(page.locator("#error-command")).to_contain_text("port 8000 is Nexus's own")
+    command.press_sequentially(" --port 8001")
     expect(check).to_contain_text("Ready to start.")
     expect(fact(check, "Runtime")).to_have_text("vllm (under custom)")
-    expect(fact(check, "Port")).to_have_text("8000")
+    expect(fact(check, "Port")).to_have_text("8001")
     expect(fact(check, "Tensor parallel")).to_have_text("2")
     expect(fact(check, "Model path")).to_contain_text("/models/llama")
     screenshot(page, "serving-launcher-ready")
+
+    # Past the field's own limit (max 64): the check still runs and says so, never stale.
+    replicas = page.get_by_label("Replicas")
+    replicas.select_text()
+    replicas.press_sequentially("100")
+    expect(check).to_contain_text("1 problem")
+    expect(page.locator("#error-desired_replicas")).not_to_be_empty()
+    replicas.select_text()
+    replicas.press_sequentially("1")
+    expect(check).to_contain_text("Ready to start.")
 
     # Submitted: the service exists and its page opens.
     page.get_by_role("button", name="Start service").click()
     expect(page).to_have_url(re.compile(r"/serving/services/chat/$"))
     expect(page.locator("#toasts")).to_contain_text("Started service chat.")
     expect(page.locator("#service-readiness")).to_have_text("0 of 1 replica ready")
-    expect(page.locator("#revisions")).to_contain_text("vllm serve /models/llama --tp 2")
+    expect(page.locator("#revisions")).to_contain_text(
+        "vllm serve /models/llama --tp 2 --port 8001"
+    )
     screenshot(page, "serving-service-started")
     spec = committed(lambda: Service.objects.get().latest_revision.spec)
-    assert (spec["argv"], spec["port"]) == (["vllm", "serve", "/models/llama", "--tp", "2"], 8000)
+    argv = ["vllm", "serve", "/models/llama", "--tp", "2", "--port", "8001"]
+    assert (spec["argv"], spec["port"]) == (argv, 8001)

@@ -31,8 +31,8 @@ models:
       pre_start_actions:
         - action: mkdir
           args: {path: /home/work/config}
-      start_command: ["python", "-m", "http.server", "--directory", "/models", "8000"]
-      port: 8000
+      start_command: ["python", "-m", "http.server", "--directory", "/models", "8001"]
+      port: 8001
       health_check:
         path: /
         initial_delay: 5.0
@@ -265,12 +265,44 @@ VARIANT_CASES = [
 
 COMMAND_CASES = [
     Case(
-        "a pasted vLLM command keeps its own port, which is then fixed",
-        {"runtime_variant": "custom", "command": "vllm serve /models/my-model --tp 2"},
+        "a pasted command's health path, first delay and retries set in the launcher",
         {
-            "argv": ["vllm", "serve", "/models/my-model", "--tp", "2"],
+            "runtime_variant": "custom",
+            "command": "python -m http.server ${PORT} --directory /models",
+            "command_settings": {"health_path": "/", "initial_delay": 0.5, "max_retries": 3},
+        },
+        {
+            "argv": ["python", "-m", "http.server", "${PORT}", "--directory", "/models"],
+            "env": AGENT_PORT,
+            "port": None,
+            "model_name": "llama",
+            "health_check": health("/", initial_delay=0.5, max_retries=3),
+            "pre_start_actions": [],
+        },
+    ),
+    Case(
+        "a pasted command's port set in the launcher",
+        {
+            "runtime_variant": "custom",
+            "command": "./serve --listen 0.0.0.0:8002",
+            "command_settings": {"port": 8002},
+        },
+        {
+            "argv": ["./serve", "--listen", "0.0.0.0:8002"],
             "env": {},
-            "port": 8000,
+            "port": 8002,
+            "model_name": "llama",
+            "health_check": health("/health"),
+            "pre_start_actions": [],
+        },
+    ),
+    Case(
+        "a pasted vLLM command keeps its own port, which is then fixed",
+        {"runtime_variant": "custom", "command": "vllm serve /models/my-model --tp 2 --port 8001"},
+        {
+            "argv": ["vllm", "serve", "/models/my-model", "--tp", "2", "--port", "8001"],
+            "env": {},
+            "port": 8001,
             "model_name": "llama",
             "health_check": health("/health"),
             "pre_start_actions": [],
@@ -361,9 +393,9 @@ DEFINITION_CASES = [
         "the folder's model-definition.yaml: its first model's command, port, checks, actions",
         {"runtime_variant": "custom"},
         {
-            "argv": ["python", "-m", "http.server", "--directory", "/models", "8000"],
+            "argv": ["python", "-m", "http.server", "--directory", "/models", "8001"],
             "env": {},
-            "port": 8000,
+            "port": 8001,
             "model_name": "simple-http-server",
             "health_check": health("/", initial_delay=5.0),
             "pre_start_actions": [{"action": "mkdir", "args": {"path": "/home/work/config"}}],
@@ -374,9 +406,9 @@ DEFINITION_CASES = [
         "the .yml spelling is found too",
         {"runtime_variant": "custom"},
         {
-            "argv": ["python", "-m", "http.server", "--directory", "/models", "8000"],
+            "argv": ["python", "-m", "http.server", "--directory", "/models", "8001"],
             "env": {},
-            "port": 8000,
+            "port": 8001,
             "model_name": "simple-http-server",
             "health_check": health("/", initial_delay=5.0),
             "pre_start_actions": [{"action": "mkdir", "args": {"path": "/home/work/config"}}],
@@ -506,6 +538,106 @@ REFUSALS = [
             "model-definition.yaml": "models:\n  - name: x\n    model_path: /models\n"
             "    service:\n      start_command: [serve]\n      port: 80000\n"
         },
+    ),
+    Refusal(
+        "a model definition's fixed port that Nexus's web server uses",
+        {"runtime_variant": "custom"},
+        [
+            (
+                "model-definition.yaml",
+                "models[0].service.port",
+                "port 8000 is Nexus's own, used by the web server (NEXUS_PORT); listen on "
+                "${PORT} (a port the agent allocates) or on another port",
+            )
+        ],
+        files={
+            "model-definition.yaml": "models:\n  - name: x\n    model_path: /models\n"
+            "    service:\n      start_command: [serve, '8000']\n      port: 8000\n"
+        },
+    ),
+    Refusal(
+        "a pasted command on the local agent's port",
+        {"runtime_variant": "custom", "command": "vllm serve /models --port 7100"},
+        [
+            (
+                "",
+                "command",
+                "port 7100 is Nexus's own, used by the local agent (NEXUS_AGENT_PORT); listen on "
+                "${PORT} (a port the agent allocates) or on another port",
+            )
+        ],
+    ),
+    Refusal(
+        "problems in service-definition.toml and model-definition.yaml, all at once",
+        {"runtime_variant": "custom"},
+        [
+            (
+                "service-definition.toml",
+                "custom.resource_slots.mem",
+                'must be a size like "8gb" or "512m"',
+            ),
+            (
+                "model-definition.yaml",
+                "models[0].service.port",
+                "must be an integer between 1 and 65535",
+            ),
+        ],
+        files={
+            "service-definition.toml": '[custom.resource_slots]\nmem = "lots"\n',
+            "model-definition.yaml": "models:\n  - name: x\n    model_path: /models\n"
+            "    service:\n      start_command: [serve]\n      port: 80000\n",
+        },
+    ),
+    Refusal(
+        "a pasted command's settings out of bounds, each at its key",
+        {
+            "runtime_variant": "custom",
+            "command": "./serve",
+            "command_settings": {
+                "port": 0,
+                "health_path": "health",
+                "initial_delay": -1,
+                "max_retries": 1.5,
+                "timeout": 3,
+            },
+        },
+        [
+            ("", "command_settings.port", "must be an integer between 1 and 65535"),
+            ("", "command_settings.health_path", 'must start with "/"'),
+            ("", "command_settings.initial_delay", "must be a number, 0 or more"),
+            ("", "command_settings.max_retries", "must be an integer, 0 or more"),
+            (
+                "",
+                "command_settings.timeout",
+                "unknown setting; expected one of: port, health_path, initial_delay, max_retries",
+            ),
+        ],
+    ),
+    Refusal(
+        "a port set for a command that listens on ${PORT}",
+        {
+            "runtime_variant": "custom",
+            "command": "./serve --port ${PORT}",
+            "command_settings": {"port": 8002},
+        },
+        [
+            (
+                "",
+                "command_settings.port",
+                "the command listens on ${PORT}, which the agent allocates; leave it empty",
+            )
+        ],
+    ),
+    Refusal(
+        "command settings without a pasted command",
+        {"runtime_variant": "vllm", "command_settings": {"health_path": "/"}},
+        [
+            (
+                "",
+                "command_settings",
+                "only a pasted command (Custom) takes these",
+            )
+        ],
     ),
     Refusal(
         "a first model that is not servable",
@@ -666,7 +798,8 @@ def test_a_pasted_command_reports_the_runtime_it_recognised(folder: ModelFolder)
     launch = resolve_launch(
         model_folder=folder,
         runtime_variant="custom",
-        command="docker run -v /srv/m:/weights vllm/vllm-openai --model /weights/x --pp 2",
+        command="docker run -v /srv/m:/weights vllm/vllm-openai --model /weights/x --pp 2"
+        " --port 8001",
     )
 
     assert (launch.runtime, launch.source, launch.mount_destination, launch.model_path) == (
@@ -690,7 +823,7 @@ def test_a_model_definition_reports_its_model_path_sizes_and_ignored_models(
         {
             "model-definition.yaml": "models:\n"
             "  - name: a\n    model_path: /models/a\n    service:\n"
-            "      start_command: vllm serve /models/a --tensor-parallel-size 4\n      port: 8000\n"
+            "      start_command: vllm serve /models/a --tensor-parallel-size 4\n      port: 8001\n"
             "  - name: b\n    model_path: /models/b\n"
         },
     )

@@ -15,8 +15,8 @@ from rest_framework.test import APIClient
 
 from nexus.models import ApiToken
 from nexus.scopes import AdminAccess, TokenKind
-from serving import folders
-from serving.models import ModelFolder
+from serving import folders, services
+from serving.models import ModelFolder, Revision, Service, ServiceLifecycle
 from tests.nexus.factories import make_user
 
 pytestmark = pytest.mark.django_db
@@ -170,6 +170,38 @@ def test_an_owner_deletes_a_folder_with_its_directory_and_files(
     assert response.status_code == 204
     assert not ModelFolder.objects.exists()
     assert list((data_dir / "models").iterdir()) == []
+
+
+def test_a_folder_a_live_service_uses_is_kept_and_the_refusal_names_the_service(
+    owner: APIClient,
+) -> None:
+    folder = make_folder("llama", weights=b"1")
+    services.create_service(name="chat", model_folder=folder, runtime_variant="vllm")
+
+    response = owner.delete(f"{FOLDERS}llama/")
+
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": "The model folder llama is used by the service chat; delete it first."
+    }
+    assert on_disk(folder) == ["weights"]
+
+
+def test_a_folder_only_destroyed_services_used_is_deleted_and_they_keep_its_name(
+    owner: APIClient,
+) -> None:
+    folder = make_folder("llama", weights=b"1")
+    service = services.create_service(name="chat", model_folder=folder, runtime_variant="vllm")
+    Service.objects.filter(pk=service.pk).update(lifecycle=ServiceLifecycle.DESTROYED)
+
+    response = owner.delete(f"{FOLDERS}llama/")
+
+    assert response.status_code == 204
+    assert not folder.path.exists()
+    revision = Revision.objects.get(service=service)
+    assert (revision.model_folder, revision.model_folder_name) == (None, "llama")
+    page = owner.get("/serving/services/chat/")
+    assert "llama (deleted)" in page.content.decode()
 
 
 def test_a_failed_row_deletion_puts_the_directory_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -660,6 +692,20 @@ def test_a_teammate_cannot_change_folders_through_the_pages() -> None:
 
     assert [r.status_code for r in responses] == [403, 403, 403, 403]
     assert browser.get("/serving/models/llama/").status_code == 200
+    assert on_disk(folder) == ["weights"]
+
+
+def test_the_delete_page_says_which_service_uses_the_folder(staff_browser: Client) -> None:
+    folder = make_folder("llama", weights=b"1")
+    services.create_service(name="chat", model_folder=folder, runtime_variant="vllm")
+
+    asked = staff_browser.get("/serving/models/llama/delete/")
+    refused = staff_browser.post("/serving/models/llama/delete/")
+
+    reason = "The model folder llama is used by the service chat; delete it first."
+    assert asked.context["in_use"] == reason
+    assert refused.status_code == 409
+    assert reason in refused.content.decode()
     assert on_disk(folder) == ["weights"]
 
 

@@ -19,11 +19,19 @@ from nexus.services import redis_client
 from nodes.models import Node
 from pools.models import Pool, Target, TargetState
 from serving import reconciler, replicas
-from serving.models import RevisionState, Route, RouteState, Service, ServiceLifecycle
+from serving.models import (
+    RevisionState,
+    Route,
+    RouteState,
+    Service,
+    ServiceLifecycle,
+    models_root,
+)
 from serving.tasks import reconcile as reconcile_task
 from tests.nodes.fleet import trusted_node
 from tests.serving.fleet import (
     CRASHING,
+    FAST_CHECK,
     HELLO,
     add_revision,
     describe,
@@ -35,7 +43,7 @@ from tests.serving.fleet import (
     run_until,
     tick,
 )
-from tests.support.agent import RunningAgent
+from tests.support.agent import RunningAgent, running_agent
 from tests.support.live import running_nexus, wait_until
 
 
@@ -118,7 +126,7 @@ def test_a_replica_that_fits_nowhere_waits_saying_why(
     assert route.state == RouteState.PROVISIONING
     assert route.node is None
     assert route.status_message.startswith(
-        "waiting: insufficient resources in default: needs 4096 CPU, 1.0 GiB; best node node-a has "
+        "waiting: insufficient resources in default: needs 4096 CPU, 1 GiB; best node node-a has "
     )
     assert service.status_message == (
         "0 of 1 replica ready · rolling out r1 · waiting: insufficient resources in default"
@@ -251,6 +259,65 @@ def test_a_broken_revision_rolls_back_and_the_old_routes_keep_serving(
     assert tried.state == RouteState.TERMINATED
     assert tried.errors[-1]["exit_code"] == 1
     assert service.status_message == "1 of 1 replica ready"
+
+
+def test_a_first_revision_replaced_before_it_ran_is_superseded(db: None) -> None:
+    with model_folder() as folder:
+        service = make_service(folder)  # no node: its route waits
+        tick(service)
+        first = service.latest_revision
+        second = add_revision(service, folder, env={"REVISION": "2"})
+
+        tick(service)
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.state, second.state) == (RevisionState.SUPERSEDED, RevisionState.ROLLING_OUT)
+
+
+def test_a_revision_replaced_during_its_rollout_is_superseded_and_the_next_rolls_out(
+    db: None, tmp_path: Path, stack: ExitStack
+) -> None:
+    folder = stack.enter_context(model_folder())
+    fleet(stack, tmp_path, "node-a")
+    service = make_service(folder)
+    run_until(service, lambda: healthy(service, 1))
+    first = service.latest_revision
+    never_healthy = {**FAST_CHECK, "path": "/missing", "max_retries": 1000}
+    stuck = add_revision(service, folder, health_check=never_healthy)
+    run_until(service, lambda: any(r.revision_id == stuck.pk and r.node for r in routes(service)))
+    third = add_revision(service, folder, env={"REVISION": "3"})
+
+    run_until(service, lambda: service.running_revision_id == third.pk)
+
+    states = {r.number: r.state for r in service.revisions.all()}
+    assert states == {
+        first.number: RevisionState.SUPERSEDED,
+        stuck.number: RevisionState.SUPERSEDED,
+        third.number: RevisionState.RUNNING,
+    }
+
+
+def test_a_revision_rolled_back_supersedes_none_and_one_skipped_stays_superseded(
+    db: None, tmp_path: Path, stack: ExitStack
+) -> None:
+    folder = stack.enter_context(model_folder())
+    fleet(stack, tmp_path, "node-a")
+    service = make_service(folder)
+    run_until(service, lambda: healthy(service, 1))
+    first = service.latest_revision
+    skipped = add_revision(service, folder, env={"REVISION": "2"})
+    tick(service)
+    broken = add_revision(service, folder, argv=CRASHING)
+
+    run_until(service, lambda: service.latest_revision_id == first.pk)
+
+    states = {r.number: r.state for r in service.revisions.all()}
+    assert states == {
+        first.number: RevisionState.RUNNING,
+        skipped.number: RevisionState.SUPERSEDED,
+        broken.number: RevisionState.ROLLED_BACK,
+    }
 
 
 def test_a_new_route_that_is_not_healthy_in_time_rolls_the_revision_back(
@@ -404,3 +471,37 @@ def test_a_rollout_under_traffic_through_the_gateway_fails_no_request(
     assert failures == [], nexus.log()[-3000:]
     assert len(outcomes) > 100
     assert {route.revision_id for route in routes(service, RouteState.HEALTHY)} == {second.pk}
+
+
+def test_a_node_that_refuses_the_folders_path_is_left_out_until_its_configuration_changes(
+    db: None, tmp_path: Path, stack: ExitStack
+) -> None:
+    folder = stack.enter_context(model_folder())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    agent = stack.enter_context(models_agent(tmp_path, name="node-a"))
+    trusted_node("node-a", agent)
+    mkdir = {"action": "mkdir", "args": {"path": str(elsewhere / "config")}}
+    service = make_service(folder, pre_start_actions=[mkdir])
+
+    waiting = run_until(
+        service,
+        lambda: [
+            r for r in routes(service, RouteState.PROVISIONING) if "not chosen" in r.status_message
+        ],
+        timeout_s=20,
+    )
+
+    [first] = [route for route in routes(service) if route.node is not None]
+    assert first.state == RouteState.TERMINATED
+    assert "is outside the directories this agent may use" in first.errors[0]["message"]
+    assert waiting[0].status_message.startswith("waiting: insufficient resources in default: ")
+    assert waiting[0].status_message.endswith(
+        f"; node node-a refused route {first.pk}: {first.errors[0]['message'].split(': ', 1)[1]}"
+        " (not chosen again until its configuration changes)"
+    )
+    agent.stop()
+    allowed = ["--allow-dir", str(models_root()), "--allow-dir", str(elsewhere)]
+    stack.enter_context(running_agent(tmp_path, name="node-a", port=agent.port, args=allowed))
+
+    run_until(service, lambda: healthy(service, 1))

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from serving.scheduler import Candidate, Need, Placement, schedule
+from serving.scheduler import Candidate, Need, Placement, Schedule, schedule
 
 GIB = 1 << 30
 
@@ -99,28 +99,28 @@ def test_a_fixed_port_taken_on_a_node_keeps_replicas_off_it() -> None:
         pytest.param(
             [node("gpu-a", cpu=1, gib=8), node("gpu-b", cpu=0.5, gib=2)],
             Need(cpu=2, memory_bytes=4 * GIB),
-            "insufficient resources in default: needs 2 CPU, 4.0 GiB; "
-            "best node gpu-a has 1 CPU, 8.0 GiB free",
+            "insufficient resources in default: needs 2 CPU, 4 GiB; "
+            "best node gpu-a has 1 CPU, 8 GiB free",
             id="names the closest node",
         ),
         pytest.param(
             [node("b", cpu=16, gib=64), node("a", cpu=16, gib=64, gpus=(0,))],
             Need(cpu=1, memory_bytes=GIB, gpus=2),
-            "insufficient resources in default: needs 1 CPU, 1.0 GiB, 2 GPUs; "
-            "best node a has 16 CPU, 64.0 GiB, 1 GPU free",
+            "insufficient resources in default: needs 1 CPU, 1 GiB, 2 GPUs; "
+            "best node a has 16 CPU, 64 GiB, 1 GPU free",
             id="counts GPUs when some are needed",
         ),
         pytest.param(
             [node("a", ports_in_use=frozenset({8000}))],
             Need(cpu=1, port=8000),
-            "insufficient resources in default: needs 1 CPU, 0.0 GiB, port 8000; "
-            "best node a has 8 CPU, 32.0 GiB free, port 8000 taken",
+            "insufficient resources in default: needs 1 CPU, 0 B, port 8000; "
+            "best node a has 8 CPU, 32 GiB free, port 8000 taken",
             id="a taken port",
         ),
         pytest.param(
             [],
             Need(cpu=0.5, memory_bytes=GIB // 2),
-            "insufficient resources in default: needs 0.5 CPU, 0.5 GiB; "
+            "insufficient resources in default: needs 0.5 CPU, 512 MiB; "
             "no usable node in the group",
             id="no node at all",
         ),
@@ -177,5 +177,36 @@ def test_a_multi_node_replica_is_placed_whole_or_not_at_all() -> None:
     assert decision.placements == ()
     assert decision.reason == (
         "insufficient resources in default: a replica spans 3 nodes that each have "
-        "1 CPU, 0.0 GiB free; 2 of 3 usable nodes do"
+        "1 CPU, 0 B free; 2 of 3 usable nodes do"
+    )
+
+
+REFUSAL = "refused route 7: /srv is outside the directories this agent may use (/data)"
+
+
+def test_a_node_that_refused_the_revision_is_left_out() -> None:
+    decision = schedule(1, [node("a", gib=64, refused=REFUSAL), node("b")], SMALL, "default")
+
+    assert decision == Schedule(placements=(Placement("b"),))
+
+
+def test_the_reason_names_the_node_that_refused_and_until_when() -> None:
+    nodes = [node("a", refused=REFUSAL), node("b", cpu=0.5)]
+
+    decision = schedule(1, nodes, SMALL, "default")
+
+    assert decision.placements == ()
+    assert decision.reason == (
+        "insufficient resources in default: needs 1 CPU, 2 GiB; best node b has 0.5 CPU,"
+        f" 32 GiB free; node a {REFUSAL} (not chosen again until its configuration changes)"
+    )
+
+
+def test_when_every_node_refused_the_reason_lists_the_refusals() -> None:
+    decision = schedule(1, [node("a", refused=REFUSAL)], SMALL, "default")
+
+    assert decision.placements == ()
+    assert decision.reason == (
+        "insufficient resources in default: needs 1 CPU, 2 GiB; node a "
+        f"{REFUSAL} (not chosen again until its configuration changes)"
     )

@@ -13,7 +13,8 @@ from django.utils import timezone
 from pytest_django.fixtures import Settings
 
 from nexus.models import ApiToken, hash_token
-from serving import services
+from serving import folders, services
+from serving.forms import form_data_of
 from serving.models import Revision, Route, RouteState, Service, ServiceLifecycle
 from tests.deployments.factories import make_node
 from tests.nexus.factories import make_user
@@ -181,24 +182,64 @@ def test_the_check_lists_a_broken_model_definition_by_file_and_key(staff: Client
     )
 
 
+def test_the_check_shows_both_files_problems_at_once_beside_their_fields(staff: Client) -> None:
+    toml = '[custom.resource_slots]\nmem = "lots"\n'
+    make_folder(
+        "llama", **{"model-definition.yaml": BROKEN_DEFINITION, "service-definition.toml": toml}
+    )
+
+    fragment = text(
+        staff.post(CHECK, launcher(runtime_variant="custom", custom_mode="definition"), **HTMX)
+    )
+
+    assert "2 problems:" in fragment
+    toml_problem = 'service-definition.toml: custom.resource_slots.mem: must be a size like "8gb"'
+    yaml_problem = "model-definition.yaml: models[0].service.start_command: required"
+    slot = '<small class="field-error" id="error-{}" hx-swap-oob="true" role="alert">{}'
+    assert slot.format("model_folder", toml_problem.replace('"', "&quot;")) in fragment
+    assert slot.format("model_definition_path", yaml_problem) in fragment
+
+
+def test_the_check_takes_a_pasted_commands_health_path_and_timings(staff: Client) -> None:
+    make_folder("llama")
+    form = launcher(
+        runtime_variant="custom",
+        command="python -m http.server ${PORT} --directory /models",
+        health_path="/",
+        initial_delay="2",
+        max_retries="4",
+    )
+
+    fragment = text(staff.post(CHECK, form, **HTMX))
+    refused = text(staff.post(CHECK, {**form, "command_port": "8002"}, **HTMX))
+
+    assert "<code>/</code> every 10.0 s, first after 2.0 s, 4 retries" in fragment
+    assert (
+        '<small class="field-error" id="error-command_port" hx-swap-oob="true" role="alert">'
+        "the command listens on ${PORT}, which the agent allocates; leave it empty"
+    ) in refused
+
+
 def test_the_check_shows_what_would_run(staff: Client) -> None:
     make_folder("llama")
 
     fragment = text(
         staff.post(
             CHECK,
-            launcher(runtime_variant="custom", command="vllm serve /models/m --tp 2 --pp 3"),
+            launcher(
+                runtime_variant="custom", command="vllm serve /models/m --tp 2 --pp 3 --port 8001"
+            ),
             **HTMX,
         )
     )
 
     assert "Ready to start." in fragment
     assert "<dt>Runtime</dt><dd>vllm (under custom)</dd>" in fragment
-    assert "<dt>Port</dt><dd>8000</dd>" in fragment
+    assert "<dt>Port</dt><dd>8001</dd>" in fragment
     assert "<dt>Tensor parallel</dt><dd>2</dd>" in fragment
     assert "<dt>Pipeline parallel</dt><dd>3</dd>" in fragment
     assert "<code>/models/m</code>" in fragment
-    assert "cpu 1.0, mem 1 GiB, cuda.shares 0.0" in fragment
+    assert "<dt>Resources</dt><dd>1 CPU, 1 GiB</dd>" in fragment
 
 
 def test_the_check_reads_the_variants_variables(staff: Client) -> None:
@@ -318,7 +359,8 @@ def test_an_htmx_refresh_renders_only_the_live_section(member: Client) -> None:
     response = member.get("/serving/services/chat/", **HTMX)
 
     assert text(response).lstrip().startswith('<div id="service-status"')
-    assert "Revisions</h2>" not in text(response)
+    assert "Revisions</h2>" in text(response)  # their states change as they roll out
+    assert "Tokens</h2>" not in text(response)
     assert "HX-Request" in response["Vary"]
 
 
@@ -345,9 +387,12 @@ def test_staff_issue_a_token_whose_secret_is_shown_once(staff: Client) -> None:
     make_service("chat")
 
     response = staff.post("/serving/services/chat/tokens/", {"name": "app", "valid_days": "7"})
+    page = text(staff.get(response.headers["Location"]))
     later = text(staff.get("/serving/services/chat/"))
 
-    page = text(response)
+    # Redirected (POST/redirect/GET): reloading the page it shows issues no second token.
+    assert (response.status_code, response.headers["Location"]) == (302, "/serving/services/chat/")
+    assert ApiToken.objects.count() == 1
     token = ApiToken.objects.get()
     secret = page.split('<code id="issued-secret">')[1].split("</code>")[0]
     assert token.services == ["chat"]
@@ -398,6 +443,139 @@ def test_staff_scale_a_service(staff: Client) -> None:
     assert "chat now keeps 3 replicas." in text(response)
     assert "Replicas: enter a whole number from 0 to 64." in text(refused)
     assert Service.objects.get().desired_replicas == 3
+
+
+def test_staff_scale_to_one_replica_read_in_the_singular(staff: Client) -> None:
+    make_service("chat", desired_replicas=2)
+
+    response = staff.post("/serving/services/chat/scale/", {"desired_replicas": "1"}, follow=True)
+
+    assert "chat now keeps 1 replica." in text(response)
+
+
+def test_the_routes_card_shows_running_routes_and_the_finished_behind_a_toggle(
+    staff: Client,
+) -> None:
+    service = make_service("chat")
+    error = [{"at": "2026-01-01T00:00:00Z", "message": "exited with 1"}]
+    finished = [
+        Route.objects.create(
+            service=service,
+            revision=service.latest_revision,
+            state=RouteState.TERMINATED,
+            errors=error,
+        )
+        for _ in range(services.FINISHED_ROUTES_SHOWN + 5)
+    ]
+    running = Route.objects.create(service=service, revision=service.latest_revision)
+
+    page = staff.get("/serving/services/chat/")
+    toggled = staff.get("/serving/services/chat/?routes=finished")
+
+    assert [route.pk for route in page.context["routes"]] == [running.pk]
+    assert "Finished (25)" in text(page)
+    newest = [route.pk for route in reversed(finished)][: services.FINISHED_ROUTES_SHOWN]
+    assert [route.pk for route in toggled.context["routes"]] == newest
+    assert "The 20 most recent of 25 finished routes." in text(toggled)
+    # Nothing to retry on a terminated route: its replacement is the one retried.
+    assert "Clear errors and retry" not in text(toggled)
+    assert 'hx-get="/serving/services/chat/?routes=finished"' in text(toggled)
+
+
+def test_clearing_a_terminated_routes_errors_is_refused(staff: Client) -> None:
+    service = make_service("chat")
+    route = Route.objects.create(
+        service=service,
+        revision=service.latest_revision,
+        state=RouteState.TERMINATED,
+        errors=[{"at": "2026-01-01T00:00:00Z", "message": "probe failed"}],
+    )
+
+    response = staff.post(f"/serving/services/chat/routes/{route.pk}/clear-errors/", follow=True)
+
+    assert (
+        f"Route {route.pk} was not retried: route {route.pk} is terminated; the route that "
+        "replaced it is retried instead" in text(response)
+    )
+    route.refresh_from_db()
+    assert len(route.errors) == 1
+
+
+def test_clear_errors_and_retry_runs_the_definition_file_as_fixed_since(staff: Client) -> None:
+    broken = "models:\n  - name: x\n    model_path: /models\n    service:\n"
+    broken += "      start_command: [serve, --crash]\n      port: 8001\n"
+    folder = make_folder("custom-model", **{"model-definition.yaml": broken})
+    service = services.create_service(name="chat", model_folder=folder, runtime_variant="custom")
+    route = Route.objects.create(
+        service=service,
+        revision=service.latest_revision,
+        state=RouteState.FAILED_TO_START,
+        errors=[{"at": "2026-01-01T00:00:00Z", "message": "exited with 1"}],
+    )
+    folders.write_file(
+        folder, "model-definition.yaml", [broken.replace("--crash", "--fixed").encode()]
+    )
+
+    response = staff.post(f"/serving/services/chat/routes/{route.pk}/clear-errors/", follow=True)
+
+    assert f"Cleared the errors of route {route.pk}; retrying it now." in text(response)
+    service.refresh_from_db()
+    assert service.latest_revision.number == 2
+    assert service.latest_revision.spec["argv"] == ["serve", "--fixed"]
+    route.refresh_from_db()
+    assert route.errors == []
+
+
+def test_the_revision_shows_the_service_definitions_image_and_variables(staff: Client) -> None:
+    toml = '[vllm.environment]\nimage = "vllm/vllm-openai:v0.6.3"\narchitecture = "x86_64"\n'
+    toml += '[vllm.environ]\nVLLM_TP_SIZE = "2"\n'
+    make_folder("llama", **{"service-definition.toml": toml})
+    service = make_service("chat")
+
+    page = text(staff.get("/serving/services/chat/"))
+
+    assert service.latest_revision.image == "vllm/vllm-openai:v0.6.3"
+    assert "<code>vllm/vllm-openai:v0.6.3</code>" in page
+    assert "<code>VLLM_TP_SIZE=2</code>" in page
+
+
+def test_edit_opens_the_launcher_filled_in_from_the_latest_revision(staff: Client) -> None:
+    make_service(
+        "chat",
+        environ={"VLLM_TP_SIZE": "2", "EXTRA": "1"},
+        desired_replicas=2,
+        preset="cpu-small",
+        runtime_parameters={"dtype": "bfloat16"},
+    )
+
+    response = staff.get("/serving/services/chat/edit/")
+
+    form = response.context["form"]
+    assert response.status_code == 200
+    assert (form["name"].value(), form["runtime_variant"].value()) == ("chat", "vllm")
+    assert form["env_VLLM_TP_SIZE"].value() == "2"
+    assert form["variables"].value() == "EXTRA=1"
+    assert form["param_dtype"].value() == "bfloat16"
+    assert (form["desired_replicas"].value(), form["preset"].value()) == ("2", "cpu-small")
+    assert "Ready to update." in text(response)
+    assert '<button type="submit" class="primary button">Update</button>' in text(response)
+
+
+def test_update_makes_the_next_revision_only_when_the_launch_changes(staff: Client) -> None:
+    service = make_service("chat", environ={"VLLM_TP_SIZE": "2"})
+    data = form_data_of(service)
+
+    same = staff.post("/serving/services/chat/edit/", data, follow=True)
+    changed = staff.post(
+        "/serving/services/chat/edit/", {**data, "env_VLLM_TP_SIZE": "4"}, follow=True
+    )
+
+    assert "Updated chat; its revision is unchanged." in text(same)
+    assert "Updated chat: revision 2 rolls out." in text(changed)
+    service.refresh_from_db()
+    assert service.latest_revision.number == 2
+    assert service.latest_revision.environ == {"VLLM_TP_SIZE": "4"}
+    assert "Applying the next revision" in text(changed)
 
 
 def test_staff_clear_a_routes_errors(staff: Client) -> None:

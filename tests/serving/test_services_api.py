@@ -204,6 +204,38 @@ def test_a_custom_service_runs_a_pasted_command(owner: APIClient) -> None:
     )
 
 
+def test_a_pasted_commands_health_path_delay_and_retries_are_set_and_changed(
+    owner: APIClient,
+) -> None:
+    make_folder("llama")
+    command = "python -m http.server ${PORT} --directory /models"
+
+    created = owner.post(
+        SERVICES,
+        {
+            "name": "files",
+            "model_folder": "llama",
+            "runtime_variant": "custom",
+            "command": command,
+            "command_settings": {"health_path": "/", "initial_delay": 1.0},
+        },
+        format="json",
+    )
+    changed = owner.patch(
+        f"{SERVICES}files/", {"command_settings": {"max_retries": 2}}, format="json"
+    )
+
+    assert created.status_code == 201
+    first = created.json()["latest_revision"]
+    assert first["command_settings"] == {"health_path": "/", "initial_delay": 1.0}
+    assert first["spec"]["health_check"] == {**HEALTH, "path": "/", "initial_delay": 1.0}
+    assert first["spec"]["port"] is None
+    assert changed.status_code == 200
+    second = changed.json()["latest_revision"]
+    assert second["number"] == 2
+    assert second["spec"]["health_check"] == {**HEALTH, "max_retries": 2}
+
+
 def test_slots_are_the_folders_defaults_under_the_preset_under_those_given(
     owner: APIClient,
 ) -> None:

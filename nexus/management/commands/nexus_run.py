@@ -35,6 +35,7 @@ from nexus.launcher import (
     port_in_use,
 )
 from nexus.models import DEFAULT_PROJECT, ApiToken, project_named
+from nexus.ports import DEFAULT_DEMO_PORTS, controller_ports
 from nodes import services as node_services
 from nodes.agent.config import CREDENTIAL_ENV, CREDENTIAL_FILE
 from nodes.agent.identity import KEY_FILE, Identity
@@ -47,7 +48,6 @@ from serving.demo import seed_real_model
 from serving.models import models_root
 
 ADMIN_USERNAME = "admin"
-DEFAULT_DEMO_PORTS = ["9101", "9102", "9103"]
 WORKER_CONCURRENCY = 2
 LOCAL_NODE = "local"
 # How long each runtime the local agent runs gets to exit on SIGTERM at stop, before SIGKILL.
@@ -353,6 +353,9 @@ def start_local_agent(
         # Model folders live there: the agent may serve them.
         "--allow-dir", str(models_root()),
     ]  # fmt: skip
+    # Replicas it runs never get a port this run's own processes listen on.
+    for port in sorted(controller_ports()):
+        argv += ["--reserve-port", str(port)]
     # Its credential is the one in its data dir, where this run reads it back to add the node.
     env = {key: value for key, value in child_environment().items() if key != CREDENTIAL_ENV}
     return supervisor.start(

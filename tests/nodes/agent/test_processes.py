@@ -409,6 +409,19 @@ async def test_a_port_another_running_process_holds_is_refused(manager: ProcessM
     assert second["port"] == port
 
 
+async def test_a_reserved_port_is_refused(data_dir: Path, models_dir: Path) -> None:
+    reserved = free_port()
+    manager = ProcessManager(data_dir, [models_dir], reserved_ports=[reserved])
+    try:
+        with pytest.raises(AgentError) as refused:
+            await manager.start({"argv": python(SLEEP), "port": reserved})
+    finally:
+        await manager.close()
+
+    assert (refused.value.status, refused.value.code) == (409, "port_in_use")
+    assert refused.value.message == f"port {reserved} is reserved for another program on this node"
+
+
 async def test_a_port_bound_outside_the_agent_is_refused(manager: ProcessManager) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -1,0 +1,123 @@
+"""A Custom service made in the launcher from a pasted command, in a real Chromium against a real
+daphne, a Celery worker with beat (the reconciler and the probes) and an agent as its node: the
+command's health path set in the form, the service becomes ready on its own; edited, its next
+revision rolls out while the page says so."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, ViewportSize, expect
+from pytest_django.fixtures import Settings
+
+from serving import folders
+from serving.models import ModelFolder, Service, models_root
+from tests.nexus.factories import make_user
+from tests.nodes.fleet import trusted_node
+from tests.support.agent import running_agent
+from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.live import LiveServer, running_nexus
+from tests.support.screenshots import screenshot
+from tests.support.worker import running_worker
+
+pytestmark = pytest.mark.e2e
+
+# The reference's own example, served from the model folder, on the port the agent allocates.
+COMMAND = "python -m http.server ${PORT} --directory /models"
+READY_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, settings: Settings) -> Path:
+    """The data dir every process shares: model folders land in data/models."""
+    path = tmp_path / "data"
+    path.mkdir()
+    settings.DATA_DIR = path
+    return path
+
+
+@pytest.fixture
+def nexus(transactional_db: None, tmp_path: Path, data_dir: Path) -> Iterator[LiveServer]:
+    make_user("owner", password=PASSWORD, staff=True)
+    site = folders.create_folder(ModelFolder(name="site"))
+    folders.write_file(site, "index.html", [b"<p>hello from the model folder</p>\n"])
+    # `python` in the command is this checkout's interpreter, as on a node with it installed.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+    with ExitStack() as stack:
+        agent = stack.enter_context(
+            running_agent(
+                tmp_path,
+                name="node-a",
+                args=["--allow-dir", str(models_root())],
+                env={"PATH": path},
+            )
+        )
+        trusted_node("node-a", agent)
+        shared = {"NEXUS_DATA_DIR": str(data_dir)}
+        server = stack.enter_context(running_nexus(tmp_path, NEXUS_LEDGER="memory", **shared))
+        stack.enter_context(
+            running_worker(
+                tmp_path, beat=True, NEXUS_SERVING_TICK_S="0.5", NEXUS_NODE_REFRESH_S="1", **shared
+            )
+        )
+        yield server
+
+
+@pytest.fixture
+def viewport() -> ViewportSize:
+    return {"width": 1280, "height": 800}
+
+
+def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready(
+    nexus: LiveServer, page: Page
+) -> None:
+    sign_in(page, nexus, "/serving/services/new/")
+    check = page.locator("#launch-check")
+    page.get_by_label("Service name").fill("files")
+    page.get_by_label("Model folder").select_option("site")
+    page.get_by_label("Runtime variant").select_option("custom")
+    page.get_by_label("a command line").check()
+    page.get_by_label("Command line", exact=True).press_sequentially(COMMAND)
+    expect(check).to_contain_text("Ready to start.")
+    expect(check.locator("dt:text-is('Health check') + dd")).to_contain_text("/health")
+
+    page.get_by_label("Health path").press_sequentially("/")
+    page.get_by_label("Initial delay (s)").press_sequentially("0")
+    expect(check.locator("dt:text-is('Health check') + dd")).to_contain_text(
+        "/ every 10.0 s, first after 0.0 s"
+    )
+    screenshot(page, "serving-launcher-custom-command")
+    page.get_by_role("button", name="Start service").click()
+
+    expect(page).to_have_url(re.compile(r"/serving/services/files/$"))
+    expect(page.locator("#service-readiness")).to_have_text(
+        "1 of 1 replica ready", timeout=READY_TIMEOUT_MS
+    )
+    screenshot(page, "serving-service-ready")
+    revision = committed(lambda: Service.objects.get(name="files").latest_revision)
+    assert revision.command_settings == {"health_path": "/", "initial_delay": 0.0}
+
+    # Edit: the launcher opens filled in; a new variable makes revision 2, which rolls out.
+    page.get_by_role("link", name="Edit").click()
+    expect(page).to_have_url(re.compile(r"/serving/services/files/edit/$"))
+    expect(page.get_by_label("Command line", exact=True)).to_have_value(COMMAND)
+    expect(page.get_by_label("Health path")).to_have_value("/")
+    page.get_by_label("More variables").press_sequentially("GREETING=hello")
+    expect(check).to_contain_text("GREETING=hello")
+    screenshot(page, "serving-service-edit")
+    page.get_by_role("button", name="Update").click()
+
+    expect(page).to_have_url(re.compile(r"/serving/services/files/$"))
+    expect(page.locator("#toasts")).to_contain_text("Updated files: revision 2 rolls out.")
+    notice = page.get_by_text("Applying the next revision: revision 2 is rolling out")
+    expect(notice).to_be_visible()
+    # Gone once revision 2 runs (the live section refreshes every few seconds).
+    expect(notice).to_have_count(0, timeout=READY_TIMEOUT_MS)
+    expect(page.locator("#service-readiness")).to_have_text("1 of 1 replica ready")
+    expect(page.locator("#revisions")).to_contain_text("GREETING=hello")
