@@ -65,7 +65,7 @@ class Registry:
         # Revocations announced to this process that a snapshot read before they committed may
         # still hold: each new snapshot is cleaned of them, until one lacks them.
         self._revoked: set[str] = set()
-        self._lock: asyncio.Lock | None = None
+        self._first_load: asyncio.Future[None] | None = None
         # Token lookups on a snapshot miss: in flight by hash, unknown hashes until when, and
         # this second's lookup count.
         self._lookups: dict[str, asyncio.Future[TokenEntry | None]] = {}
@@ -79,16 +79,22 @@ class Registry:
         """Return the snapshot, loading it on the process's first request."""
         if self.snapshot is not EMPTY:
             return self.snapshot
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self.snapshot is EMPTY:
-                # Listening first: a revocation is then either announced or in the snapshot.
-                self._listener = Listener(self.revoke)
-                await self._listener.start()
-                self._install(await sync_to_async(_guarded)(load_snapshot))
-                self._refresher = asyncio.create_task(self._refresh_forever())
+        # One load for every request that arrives before it is done, and all of them resume
+        # together when it is: a lock would hand the snapshot on one waiter per loop turn.
+        if self._first_load is None or (
+            self._first_load.done() and self._first_load.exception() is not None
+        ):
+            self._first_load = asyncio.ensure_future(self._load_first())
+        await asyncio.shield(self._first_load)
         return self.snapshot
+
+    async def _load_first(self) -> None:
+        # Listening first: a revocation is then either announced or in the snapshot.
+        if self._listener is None:
+            self._listener = Listener(self.revoke)
+            await self._listener.start()
+        self._install(await sync_to_async(_guarded)(load_snapshot))
+        self._refresher = asyncio.create_task(self._refresh_forever())
 
     async def aclose(self) -> None:
         """Stop refreshing and listening, and write the pending token usage."""

@@ -185,3 +185,34 @@ async def test_an_admin_token_is_refused_inference_saying_why(engine: Simulator)
     error = json.loads(sent[1]["body"])["error"]
     assert (error["code"], error["type"]) == ("admin_token_not_allowed", "permission_error")
     assert "/v1 and /serve take a client token" in error["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_requests_that_wait_for_the_first_snapshot_all_resume_in_the_same_loop_turn() -> None:
+    # Given 200 requests arriving together at a process that has no snapshot yet
+    registry = Registry(refresh_interval_s=3600)
+    turn = 0
+    resumed_at: list[int] = []
+
+    async def count_turns() -> None:
+        nonlocal turn
+        while True:
+            await asyncio.sleep(0)
+            turn += 1
+
+    async def request() -> None:
+        await registry.ready()
+        resumed_at.append(turn)
+
+    ticker = asyncio.create_task(count_turns())
+    try:
+        # When the snapshot has loaded
+        await asyncio.gather(*(request() for _ in range(200)))
+    finally:
+        ticker.cancel()
+        await registry.aclose()
+
+    # Then they all went on at once: none waited for the others to be handed the snapshot
+    # one per loop turn (under load, each turn is long: a burst waited for seconds).
+    assert len(resumed_at) == 200
+    assert max(resumed_at) - min(resumed_at) <= 1
