@@ -580,7 +580,7 @@ class RedisLedger:
             raise
         except (RedisError, OSError):
             # A Redis outage never refuses a request: it goes unlimited until Redis is back.
-            log.warning("token limits unreachable; token %d goes unlimited", token_id)
+            self._begin_outage()
             return Admission(token_id)
         if code:
             limit = REFUSALS[int(code)]
@@ -597,19 +597,20 @@ class RedisLedger:
         tokens = tokens if admission.counts_tokens else 0
         if not held and tokens <= 0:
             return
+        if self._outage_since is not None:
+            return  # limits are off while Redis is away; a held slot expires with its TTL
         keys = token_limit_keys(self._prefix, admission.token_id)
         try:
             await self._settle(keys=keys[1:], args=[tokens, held])
         except (RedisError, OSError):
-            log.warning("could not settle token %d's request; its slot expires with its TTL",
-                        admission.token_id)  # fmt: skip
+            self._begin_outage()
 
     async def _renew_running(self) -> None:
         """Extend the concurrency leases of tokens' requests still running."""
         by_token: dict[int, list[str]] = defaultdict(list)
         for lease_id, token_id in self._running.items():
             by_token[token_id].append(lease_id)
-        if not by_token:
+        if not by_token or self._outage_since is not None:
             return
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -618,7 +619,7 @@ class RedisLedger:
                     await self._renew(keys=[key], args=[self._ttl_ms, *lease_ids], client=pipe)
                 answers = await pipe.execute()
         except (RedisError, OSError):
-            log.warning("could not renew %d token concurrency leases", len(self._running))
+            self._begin_outage()
             return
         for answer in answers:
             for lease_id in answer:

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from nexus.env import env_choice
+from pools.balancer.limits import TokenLimits
 from pools.gateway.ledger import (
     LoadLedger,
     MemoryLedger,
@@ -22,6 +23,7 @@ from pools.gateway.ledger import (
 
 TARGET = 7
 OTHER_TARGET = 8
+TOKEN = 3
 
 MakeRedisLedger = Callable[..., RedisLedger]
 
@@ -299,3 +301,24 @@ async def wait_for(probe: Callable[[], Awaitable[int]], *, expected: int) -> Non
             return
         await asyncio.sleep(0.05)
     assert await probe() == expected
+
+
+async def test_an_unreachable_redis_lets_limited_tokens_through_and_logs_the_outage_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = RedisLedger("redis://127.0.0.1:1/0", prefix="unreachable")
+    limits = TokenLimits(requests_per_minute=1, tokens_per_minute=10, concurrent=1)
+    try:
+        with caplog.at_level("WARNING", logger="pools.gateway.ledger"):
+            admissions = [await ledger.admit(TOKEN, limits) for _ in range(5)]
+            for admission in admissions:
+                await ledger.settle(admission, tokens=100)
+            lease = await ledger.try_acquire(TARGET, 4)
+
+        assert [admission.refused for admission in admissions] == [None] * 5
+        assert lease is not None
+        assert [record.getMessage()[:33] for record in caplog.records] == [
+            "load ledger: Redis unreachable; a"
+        ]
+    finally:
+        await ledger.aclose()
