@@ -346,7 +346,9 @@ def service_context(service: Service, *, finished_routes: bool = False) -> dict[
     ]
     latest, running = service.latest_revision, service.running_revision
     updating = service.latest_revision_id != service.running_revision_id
-    finished = Q(state=RouteState.TERMINATED)
+    # Live: a process that takes, or is about to take, requests; a failed route waiting for
+    # its replacement is not, nor is one terminated.
+    live = Q(state__in=(RouteState.PROVISIONING, RouteState.HEALTHY, RouteState.TERMINATING))
     return {
         "section": SERVICES_SECTION,
         "service": service,
@@ -354,7 +356,7 @@ def service_context(service: Service, *, finished_routes: bool = False) -> dict[
         "ready": services.ready_replicas(service),
         # What deleting it stops, and what its history keeps.
         "route_counts": service.routes.aggregate(
-            live=Count("id", filter=~finished), finished=Count("id", filter=finished)
+            live=Count("id", filter=live), finished=Count("id", filter=~live)
         ),
         "latest": latest,
         "running": running,

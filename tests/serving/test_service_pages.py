@@ -606,6 +606,20 @@ def test_deleting_asks_first_then_starts_destroying(staff: Client) -> None:
     assert "Delete service</a>" not in text(response)
 
 
+def test_the_delete_confirmation_counts_only_live_routes_as_live(staff: Client) -> None:
+    service = make_service("chat")
+    for state in [RouteState.TERMINATED] * 11 + [RouteState.FAILED_TO_START]:
+        Route.objects.create(service=service, revision=service.latest_revision, state=state)
+    Route.objects.create(
+        service=service, revision=service.latest_revision, state=RouteState.HEALTHY
+    )
+
+    confirm = text(staff.get("/serving/services/chat/delete/"))
+
+    assert "1 live route stops taking requests" in confirm
+    assert "12 finished routes are kept in its history" in confirm
+
+
 def test_a_teammate_cannot_change_a_service(member: Client) -> None:
     make_service("chat")
 
