@@ -734,3 +734,17 @@ def test_the_admin_makes_and_removes_the_directory(data_dir: Path) -> None:
     assert folder.owner is not None and folder.owner.get_username() == "root"
     assert not ModelFolder.objects.exists()
     assert list((data_dir / "models").iterdir()) == []
+
+
+def test_the_admin_refuses_to_delete_a_folder_a_live_service_uses(data_dir: Path) -> None:
+    folder = make_folder("llama", weights=b"1")
+    services.create_service(name="chat", model_folder=folder, runtime_variant="vllm")
+    admin = Client()
+    admin.force_login(make_user("root", superuser=True))
+
+    page = admin.post(f"/admin/serving/modelfolder/{folder.pk}/delete/", {"post": "yes"})
+
+    assert page.status_code == 200
+    assert "The model folder llama is used by the service chat" in page.content.decode()
+    assert ModelFolder.objects.filter(pk=folder.pk).exists()
+    assert on_disk(folder) == ["weights"]
