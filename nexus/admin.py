@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from nexus import scopes
 from nexus.auth import acting_user
-from nexus.models import ApiToken, ConfigVersion, Membership, Project
+from nexus.models import LIMIT_FIELDS, ApiToken, ConfigVersion, Membership, Project
 
 
 class ApiTokenForm(forms.ModelForm):
@@ -26,7 +26,18 @@ class ApiTokenForm(forms.ModelForm):
 
     class Meta:
         model = ApiToken
-        fields = ["name", "kind", "access", "project", "pools", "expires_at"]
+        fields = [
+            "name",
+            "kind",
+            "access",
+            "project",
+            "pools",
+            "expires_at",
+            # A change reaches every gateway with the next snapshot (the limits are config fields).
+            "requests_per_minute",
+            "tokens_per_minute",
+            "max_concurrent",
+        ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -49,6 +60,8 @@ class ApiTokenForm(forms.ModelForm):
             self.add_error("pools", "An admin token names no pool.")
         if not admin and cleaned.get("access"):
             self.add_error("access", "A client token has no admin access.")
+        if admin and any(cleaned.get(name) is not None for name in LIMIT_FIELDS):
+            self.add_error(None, "Limits apply to client tokens: an admin token has none.")
         cleaned["pools"] = pools
         self.instance.all_pools = not admin and not pools
         return cleaned

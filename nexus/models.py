@@ -237,6 +237,10 @@ class ApiTokenQuerySet(ConfigInputQuerySet["ApiToken"]):
         )
 
 
+# A client token's limits, enforced by the gateway (pools.balancer.limits; docs/access.md).
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+
+
 class ApiToken(ConfigInput):
     """A token: a client token calls inference (its pools and services), an admin token the
     admin API (read or write) as the user who issued it."""

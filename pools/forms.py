@@ -8,10 +8,8 @@ from django import forms
 from django.utils import timezone
 
 from nexus import access, scopes
-from nexus.models import DEFAULT_PROJECT, Project, default_project_pk
+from nexus.models import DEFAULT_PROJECT, LIMIT_FIELDS, Project, default_project_pk
 from pools.models import Pool
-
-LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
 
 
 class TokenIssueForm(forms.Form):

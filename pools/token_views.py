@@ -14,10 +14,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
 from nexus import access, scopes
-from nexus.models import ApiToken
+from nexus.models import LIMIT_FIELDS, ApiToken
 from nexus.ui import badges
 from pools import services
-from pools.forms import LIMIT_FIELDS, TokenIssueForm
+from pools.forms import TokenIssueForm
 from pools.models import Pool
 
 TOKEN_LIST = "pools/token_list.html"

@@ -13,6 +13,7 @@ from rest_framework import serializers
 from nexus import access, scopes
 from nexus.models import (
     ADMIN_ACCESS,
+    LIMIT_FIELDS,
     TOKEN_KINDS,
     ApiToken,
     Membership,
@@ -103,6 +104,10 @@ class ApiTokenSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError({"pools": "An admin token names no pool."})
         if not admin and attrs.get("access"):
             raise serializers.ValidationError({"access": "A client token has no admin access."})
+        if admin and any(attrs.get(name) is not None for name in LIMIT_FIELDS):
+            raise serializers.ValidationError(
+                {"kind": "Limits apply to client tokens: an admin token has none."}
+            )
         project = attrs.get("project") or Project.objects.get(pk=default_project_pk())
         access.require_change(user, project.name)
         if not admin and not access.is_staff(user):

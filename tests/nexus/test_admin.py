@@ -104,6 +104,26 @@ def test_a_token_without_pools_covers_all_pools(owner: Client) -> None:
     assert ApiToken.objects.get().all_pools is True
 
 
+def test_a_tokens_limits_change_in_the_admin_and_reach_the_gateways(owner: Client) -> None:
+    token, _ = ApiToken.issue("app")
+    before = ConfigVersion.current()
+    form = {"name": "app", "kind": "client", "access": "", "project": "", "expires_at": ""}
+
+    answer = owner.post(
+        f"/admin/nexus/apitoken/{token.pk}/change/",
+        form | {"requests_per_minute": "60", "tokens_per_minute": "", "max_concurrent": "2"},
+    )
+
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    token.refresh_from_db()
+    assert (token.requests_per_minute, token.tokens_per_minute, token.max_concurrent) == (
+        60,
+        None,
+        2,
+    )
+    assert ConfigVersion.current() > before
+
+
 def test_the_revoke_action_revokes_tokens(owner: Client) -> None:
     token, _ = ApiToken.issue("ci")
 
