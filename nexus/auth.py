@@ -62,7 +62,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if not token.may_call(callee):
             raise exceptions.PermissionDenied(scopes.refusal(token.scope, callee))
         if token.created_by is None or not token.created_by.is_active:
-            raise exceptions.AuthenticationFailed("This admin token's user no longer exists.")
+            raise exceptions.AuthenticationFailed("The user this admin token acts for is gone.")
         return (token.created_by, token)
 
     def authenticate_header(self, request: Request) -> str:

@@ -259,3 +259,15 @@ def test_a_member_issues_client_tokens_for_their_projects_pools_only() -> None:
     assert foreign.json() == {"pools": ["Not pools of the project ours: secret."]}
     assert elsewhere.json() == {"project": ["Object with name=theirs does not exist."]}
     assert (mine.status_code, mine.json()["pools"]) == (201, ["chat"])
+
+
+def test_an_admin_token_stops_with_its_users_account() -> None:
+    robot = make_user("robot", staff=True)
+    _, secret = ApiToken.issue("automation", kind=TokenKind.ADMIN, created_by=robot)
+    robot.is_active = False
+    robot.save()
+
+    response = bearer(secret).get("/api/v1/pools/")
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "The user this admin token acts for is gone."}
