@@ -454,7 +454,8 @@ def banner(first_run: FirstRun, ports: list[int], local_node: str) -> str:
     if first_run.demo_token:
         token = (
             f"{first_run.demo_token}  {once}\n"
-            f"{'':16}a client token: calls {model} only (/v1), never the admin API; {more}"
+            f"{'':16}a client token: calls {model} only (/v1), never the admin API;\n"
+            f"{'':16}{more}"
         )
         export = f"export NEXUS_TOKEN={first_run.demo_token}"
     else:
@@ -472,9 +473,8 @@ def banner(first_run: FirstRun, ports: list[int], local_node: str) -> str:
 {rule}
   Sign in       {login}
   Client token  {token}
-  More tokens   {python} manage.py nexus_token create --name NAME --pool SLUG
-                (--kind admin --scope write --user {ADMIN_USERNAME}: one for the admin API),
-                or POST {url}/api/v1/tokens/ signed in; see docs/access.md
+  Admin token   {python} manage.py nexus_token create --name NAME --kind admin \\
+                  --scope write --user {ADMIN_USERNAME}   (for the admin API: docs/access.md)
   Demo pool     {model}: simulated {DEMO_MODEL} engines {engines}
 {real_model}  Local node    {local_node}
   Health        {url}/healthz
