@@ -19,6 +19,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from nexus import graceful, upload_guard  # noqa: E402
 from nexus.routing import websocket_urlpatterns  # noqa: E402
 from nexus.websockets import SameOriginOnly  # noqa: E402
+from pools.gateway import limits  # noqa: E402
 from pools.gateway.app import Gateway, Receive, Send  # noqa: E402
 
 gateway = Gateway()
@@ -26,6 +27,9 @@ gateway = Gateway()
 guarded_django_app = upload_guard.guard(django_app)
 upload_guard.install_in_daphne()
 graceful.install_in_daphne(gateway.shutdown)
+# Every request is judged from its headers before any work, under daphne as under uvicorn.
+limits.install_in_daphne(gateway)
+limits.install_in_uvicorn()
 
 
 async def http_router(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -38,7 +42,7 @@ async def http_router(scope: dict[str, Any], receive: Receive, send: Send) -> No
 
 application = ProtocolTypeRouter(
     {
-        "http": http_router,
+        "http": limits.guard(http_router),
         "lifespan": graceful.lifespan(gateway.shutdown),
         "websocket": SameOriginOnly(
             # types-channels asks for its own private pattern type; Django's path() makes these.

@@ -232,6 +232,11 @@ SPECTACULAR_SETTINGS = {
 NEXUS_MAX_BODY_BYTES = env_int("NEXUS_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
 # On SIGTERM/SIGINT, how long requests and streams in flight may go on before they are ended.
 NEXUS_SHUTDOWN_GRACE_S = env_float("NEXUS_SHUTDOWN_GRACE_S", 30.0, minimum=0.0)
+# Every request (docs/reliability.md): the request target (path and query), the header lines
+# together, and how long the headers may take to arrive (slowloris).
+NEXUS_MAX_URL_BYTES = env_int("NEXUS_MAX_URL_BYTES", 8192, minimum=256)
+NEXUS_MAX_HEADER_BYTES = env_int("NEXUS_MAX_HEADER_BYTES", 32768, minimum=1024)
+NEXUS_HEADER_TIMEOUT_S = env_float("NEXUS_HEADER_TIMEOUT_S", 10.0, minimum=0.1)
 # Model folders: the largest file one upload may write (bytes); larger ones get 413.
 NEXUS_MAX_UPLOAD_BYTES = env_int("NEXUS_MAX_UPLOAD_BYTES", 1 << 30, minimum=1)
 NEXUS_UPSTREAM_CONNECT_TIMEOUT_S = env_int("NEXUS_UPSTREAM_CONNECT_TIMEOUT_S", 5, minimum=1)

@@ -54,7 +54,8 @@ class Pool(ConfigInput):
 
     config_fields = frozenset(
         {"slug", "name", "created_at", "strategy", "continuity_enabled", "continuity_threshold",
-         "max_queue", "max_queue_wait_s", "max_attempts", "managed"}
+         "max_queue", "max_queue_wait_s", "max_attempts", "managed", "first_byte_timeout_s",
+         "first_token_timeout_s", "stream_idle_timeout_s", "max_ejection_percent"}
     )  # fmt: skip
 
     objects = ConfigInputQuerySet.as_manager()
@@ -80,6 +81,29 @@ class Pool(ConfigInput):
         default=2,
         validators=[MinValueValidator(1), MaxValueValidator(5)],
         help_text="Attempts per request, the first included; retries only before output.",
+    )
+    # Upstream timeouts (docs/reliability.md); each one that passes is the target's fault.
+    first_byte_timeout_s = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Longest wait for a streamed answer's response headers.",
+    )
+    first_token_timeout_s = models.FloatField(
+        default=120.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Longest wait for the first token (a non-streamed answer's headers come with "
+        "its whole body, so this bounds them too).",
+    )
+    stream_idle_timeout_s = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Longest silence between two chunks of an answer.",
+    )
+    max_ejection_percent = models.PositiveSmallIntegerField(
+        default=50,
+        validators=[MaxValueValidator(100)],
+        help_text="Share of the pool's capacity that failing targets may take out; past it, "
+        "ejected targets stay eligible, ranked last.",
     )
     continuity_enabled = models.BooleanField(default=True)
     continuity_threshold = models.FloatField(

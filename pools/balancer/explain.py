@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pools.balancer.snapshot import Decision, Factor, Ranked, Skipped, SkipReason
+from pools.balancer.snapshot import Decision, Factor, Ranked, Skipped, SkipReason, TargetView
 
 # Frozen dataclasses set each field through object.__setattr__ in __init__, which costs about
 # three times a plain slot write. A decision builds one Ranked and a few Factors per candidate
@@ -137,7 +137,15 @@ COLD = Factor("warm", 0.0)
 NO_CONTINUITY = Factor("continuity", 0.0)
 NO_LATENCY_SAMPLES = Factor("latency", 0.0, "no latency samples: tier median")
 DEGRADED = Factor("degraded", 0.0, "latest probe failed: ranked after healthy targets")
+EJECTED = Factor(
+    "ejected", 0.0, "circuit open, but ejection is past the pool's cap: ranked last, still eligible"
+)
 NOTE_WARM = "model loaded"
 NOTE_STICKY_KEPT = "kept: same conversation"
 NOTE_STICKY_YIELDED = "same conversation, yielded"
 NOTE_PREFIX = "same prompt prefix served recently"
+
+
+def last_layer(target: TargetView) -> Factor:
+    """Return why a candidate ranks after the healthy ones: degraded, or ejected past the cap."""
+    return EJECTED if target.circuit_open else DEGRADED

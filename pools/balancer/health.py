@@ -14,7 +14,7 @@ request.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -159,6 +159,21 @@ class PassiveHealth:
         if circuit is not None:
             circuit.trial_since = None
 
+    def forgive(self, target_id: int) -> None:
+        """Take back the target's latest recorded failure: it turned out to be the request's.
+
+        An ejection it already caused stands (its cooldown is short, and the cap on ejection
+        keeps the pool serving meanwhile).
+        """
+        circuit = self._circuits.get(target_id)
+        if circuit is None or False not in circuit.outcomes:
+            return
+        # The newest failure: deque has no rindex, so count from the right end.
+        newest = len(circuit.outcomes) - 1 - list(reversed(circuit.outcomes)).index(False)
+        circuit.outcomes[newest] = True
+        if circuit.consecutive_failures:
+            circuit.consecutive_failures -= 1
+
     def forget(self, target_id: int) -> None:
         """Drop everything known about a removed target."""
         self._circuits.pop(target_id, None)
@@ -279,3 +294,30 @@ class LatencyStats:
 
     def _blend(self, average: float, sample: float) -> float:
         return average + self.alpha * (sample - average)
+
+
+@dataclass(slots=True)
+class ServerErrorMemory:
+    """Which targets recently answered which request (by fingerprint) with a server error.
+
+    A 500 that another target also returned for the same request is the request's fault (a
+    prompt every engine fails on, such as a lone surrogate), not the target's: DESIGN.md
+    "Faults and ejection". Bounded in entries and age; fingerprints are hashes, never content.
+    """
+
+    max_entries: int = 10_000
+    ttl_s: float = 600.0
+    _seen: OrderedDict[str, tuple[float, set[int]]] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
+
+    def note(self, fingerprint: str, target_id: int, now: float) -> frozenset[int]:
+        """Remember the target failed this request; return the other targets that failed it."""
+        found = self._seen.pop(fingerprint, None)
+        targets = found[1] if found is not None and now - found[0] < self.ttl_s else set()
+        others = frozenset(targets - {target_id})
+        targets.add(target_id)
+        self._seen[fingerprint] = (now, targets)
+        while len(self._seen) > self.max_entries:
+            self._seen.popitem(last=False)
+        return others

@@ -135,17 +135,23 @@ def may_retry(
     active: int,
     *,
     status: int | None = None,
+    delivered: bool = True,
 ) -> tuple[bool, str]:
     """Decide whether to try another target after a failed attempt, with the reason for history.
 
     attempt: the number of the attempt that failed, from 1. active: requests in progress in the
-    pool. status: the failed attempt's status, for the reason. A True answer holds a budget
-    slot: release it when the retry ends.
+    pool. status: the failed attempt's status, for the reason. delivered: the request may have
+    reached the target (False only when provably not: a refused connect). A True answer for a
+    delivered request holds a budget slot: release it when the retry ends.
     """
     if not retryable(phase):
         return False, f"not retried: {_not_retryable_reason(phase, status)}"
     if attempt >= max_attempts:
         return False, f"not retried: attempts exhausted ({attempt} of {max_attempts})"
+    if not delivered:
+        # The budget keeps retries from multiplying the load on struggling targets; a request
+        # that never arrived added no load anywhere, so it never waits for the budget.
+        return True, "retried: not delivered (connection refused), outside the retry budget"
     if not budget.try_acquire(active):
         return False, "not retried: retry budget exhausted"
     if phase is FailurePhase.REFUSED_STATUS:

@@ -85,6 +85,9 @@ class PoolPolicy:
     strategy: str  # a Strategy value
     continuity_enabled: bool = True
     continuity_threshold: float = 0.25  # how much worse (score) the sticky target may be
+    # Passive ejection takes out at most this share of the capacity that could serve a request;
+    # past it, ejected targets stay eligible, ranked after every other candidate.
+    max_ejected_share: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)

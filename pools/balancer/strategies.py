@@ -83,6 +83,39 @@ def skip_reason(target: TargetView, kind: str, exclude: frozenset[int]) -> SkipR
     return None
 
 
+def _past_ejection_cap(
+    targets: Sequence[TargetView], ejected: list[TargetView], kind: str, share: float
+) -> bool:
+    """Say whether the ejected targets hold more than `share` of the capacity for this kind.
+
+    The capacity counted is what could serve the request but for passive ejection: enabled,
+    active, not reported unhealthy by the probes, serving the kind (Envoy's panic threshold).
+    """
+    serving = sum(
+        target.capacity
+        for target in targets
+        if target.enabled
+        and target.drain is _ACTIVE
+        and target.health != Health.UNHEALTHY
+        and kind in target.kinds
+    )
+    out = sum(target.capacity for target in ejected)
+    return out > share * serving
+
+
+def _readmit(ejected: list[TargetView], tiers: dict[int, _Bucket], exclude: frozenset[int]) -> None:
+    """Make ejected targets candidates again, after every other one of their tier."""
+    for target in ejected:
+        _, degraded, skips = tiers[target.priority]
+        skips.remove((target, _CIRCUIT_OPEN))
+        if target.id in exclude:
+            skips.append((target, SkipReason.ALREADY_TRIED))
+        elif target.in_flight >= target.capacity:
+            skips.append((target, _FULL))
+        else:
+            degraded.append(target)
+
+
 # A tier's targets as the eligibility pass sorts them: healthy candidates, degraded ones, skips.
 _Bucket = tuple[list[TargetView], list[TargetView], list[tuple[TargetView, SkipReason]]]
 
@@ -106,6 +139,7 @@ def decide(
     healthy: list[TargetView] = []
     degraded: list[TargetView] = []
     skips: list[tuple[TargetView, SkipReason]] = []
+    ejected: list[TargetView] = []
     for target in targets:
         priority = target.priority
         if priority != last_priority:
@@ -128,12 +162,17 @@ def decide(
             healthy.append(target)
             continue
         reason = skip_reason(target, kind, exclude)
+        if reason is _CIRCUIT_OPEN and kind in target.kinds:
+            ejected.append(target)
         if reason is not None:
             skips.append((target, reason))
         elif target.health == _DEGRADED:
             degraded.append(target)
         else:
             healthy.append(target)
+
+    if ejected and _past_ejection_cap(targets, ejected, kind, policy.max_ejected_share):
+        _readmit(ejected, tiers, exclude)
 
     # The lowest-numbered tier with a candidate takes the request. Tiers above it are not
     # needed and appear nowhere in the decision; tiers below it explain why they were passed.
@@ -363,7 +402,7 @@ def _smart(
             set_r_factors(ranked, (utilization_factor, latency, stability, warmth, continuity))
         else:
             factors = (utilization_factor, latency, stability, warmth, continuity)
-            set_r_factors(ranked, (*factors, explain.DEGRADED))
+            set_r_factors(ranked, (*factors, explain.last_layer(target)))
         ranked_list.append(ranked)
         scores.append(score)
 
@@ -500,7 +539,7 @@ def _by_measure(
             target = layer[index]
             factors: tuple[Factor, ...] = (explain.shared_factor(name, score),)
             if layer is degraded:
-                factors += (explain.DEGRADED,)
+                factors += (explain.last_layer(target),)
             ranking.append(explain.ranked(target.id, target.name, score, factors))
     return tuple(ranking)
 
@@ -552,7 +591,7 @@ def _capacity(
                 explain.factor("share", 1.0 - score),
             )
             if layer is degraded:
-                factors += (explain.DEGRADED,)
+                factors += (explain.last_layer(target),)
             ranking.append(explain.ranked(target.id, target.name, score, factors))
     return tuple(ranking), "none"
 
@@ -572,13 +611,12 @@ def _round_robin(
     layer = sorted(healthy or degraded, key=_configured_order)
     start = turn % len(layer)
     order = layer[start:] + layer[:start]
-    marks: tuple[Factor, ...] = () if healthy else (explain.DEGRADED,)
     if healthy and degraded:
         order += sorted(degraded, key=_configured_order)
     ranking = []
     for place, target in enumerate(order):
-        if place == len(layer):
-            marks = (explain.DEGRADED,)
+        last = not healthy or place >= len(layer)
+        marks = (explain.last_layer(target),) if last else ()
         factors = (explain.shared_factor("order", float(place)), *marks)
         ranking.append(explain.ranked(target.id, target.name, float(place), factors))
     return tuple(ranking), "none"

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -26,10 +27,12 @@ from pools.gateway import errors
 from pools.gateway.errors import GatewayError
 from pools.gateway.flight import NOT_FORWARDED, Flight, Forward, Router, forwarded_headers
 from pools.gateway.registry import Registry
-from pools.gateway.snapshot import SERVE_KIND, PoolEntry, Snapshot, TokenEntry
+from pools.gateway.snapshot import EMPTY, SERVE_KIND, PoolEntry, Snapshot, TokenEntry
 from pools.gateway.state import GatewayState
 from pools.gateway.usage import ask_for_usage
 from pools.models import POOL_MODEL_PREFIX
+
+log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,6 +46,7 @@ ROUTES: dict[str, str] = {
     "/v1/embeddings": "embeddings",
 }
 SERVE_PREFIX = "/serve/"
+MODELS = "models"  # the request kind of GET /v1/models
 # Authorization schemes a service token may come with (lowercase), as Backend.AI's clients send it.
 SERVICE_SCHEMES = frozenset({b"bearer", b"backendai"})
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -158,29 +162,110 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await response.cut(request_id)
             raise
+        except Exception:
+            log.exception("gateway request %s failed", request_id)
+            # Once the answer has begun, the server can only end the connection.
+            if not response.started:
+                await self._respond_error(send, errors.internal_error(), request_id)
         finally:
             self._requests.discard(task)
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+    def refusal(
+        self, method: str, path: str, headers: list[tuple[bytes, bytes]]
+    ) -> GatewayError | None:
+        """Return what the headers alone refuse a request with, before a byte of its body.
+
+        For servers that read a whole body before starting the application (daphne): they ask
+        this first. Authentication needs the configuration snapshot: until the first one is
+        loaded, only the route and the declared length are judged.
+        """
+        scope: Scope = {"method": method, "path": path, "headers": headers}
+        try:
+            snapshot = self.registry.snapshot
+            if snapshot is EMPTY:
+                self._route(scope)
+            else:
+                _, pool, secret = self._caller(scope, snapshot)
+                # A token the snapshot does not know yet may be new: the application looks it up.
+                token = self._known_token(secret, snapshot) if secret is not None else None
+                if token is not None:
+                    _check_service_scope(token, pool)
+            self._check_declared_length(scope)
+        except GatewayError as error:
+            return error
+        return None
+
+    def _route(self, scope: Scope) -> str:
+        """Return the request kind of the path ("models", "serve" or a /v1 kind), or refuse."""
         path: str = scope["path"]
         method: str = scope["method"]
         if path == "/v1/models":
             if method != "GET":
                 raise errors.method_not_allowed(method, path)
-            snapshot = await self.registry.ready()
-            token = await self._authenticate(scope, snapshot)
-            await self._respond_json(send, 200, self._model_list(snapshot, token), request_id)
-            return
+            return MODELS
         kind = ROUTES.get(path)
         if kind is None:
             if path.startswith(SERVE_PREFIX):
-                await self._serve(scope, receive, send, request_id)
-                return
+                return SERVE_KIND
             raise errors.unknown_route(method, path)
         if method != "POST":
             raise errors.method_not_allowed(method, path)
+        return kind
+
+    def _caller(
+        self, scope: Scope, snapshot: Snapshot
+    ) -> tuple[str, PoolEntry | None, bytes | None]:
+        """Return the request kind, the service's pool (/serve) and the secret to check.
+
+        The secret is None for a public service, which takes anyone: a token sent anyway is not
+        even looked at. Refuses a wrong route or method, an unknown service, a missing token.
+        """
+        kind = self._route(scope)
+        scheme, secret = _credentials(scope)
+        if kind != SERVE_KIND:
+            if scheme != b"bearer" or not secret:
+                raise errors.missing_token()
+            return kind, None, secret
+        name, _ = _serve_path(scope)
+        pool = snapshot.services.get(name)
+        if pool is None or pool.service is None:
+            raise errors.service_not_found(name)
+        if pool.service.open_to_public:
+            return kind, pool, None
+        if scheme not in SERVICE_SCHEMES or not secret:
+            raise errors.missing_service_token(pool.service.name)
+        return kind, pool, secret
+
+    async def _admit(self, scope: Scope, snapshot: Snapshot) -> tuple[str, TokenEntry | None]:
+        """Return the request kind and the caller's token, judged from the headers alone."""
+        kind, pool, secret = self._caller(scope, snapshot)
+        if secret is None:
+            return kind, None
+        token = await self._usable_token(secret, snapshot)
+        _check_service_scope(token, pool)
+        return kind, token
+
+    def _check_declared_length(self, scope: Scope) -> None:
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                raise errors.body_too_large(self.max_body_bytes)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         snapshot = await self.registry.ready()
-        token = await self._authenticate(scope, snapshot)
+        try:
+            kind, token = await self._admit(scope, snapshot)
+            if kind != MODELS:
+                self._check_declared_length(scope)
+        except GatewayError as error:
+            raise _leaving_body_unread(error, scope) from None
+        if kind == MODELS:
+            assert token is not None
+            await self._respond_json(send, 200, self._model_list(snapshot, token), request_id)
+            return
+        if kind == SERVE_KIND:
+            await self._serve(scope, receive, send, request_id, snapshot, token)
+            return
+        assert token is not None
         payload = self._parse(await self._read_body(scope, receive))
         pool = self._pool_for(payload, token, snapshot)
         if token.limits.tokens_per_minute is not None and payload.get("stream") is True:
@@ -189,19 +274,18 @@ class Gateway:
         flight = self._flight(scope, request_id, token, pool, kind, payload)
         await self._with_disconnect_watch(receive, self.router().fly(send, flight))
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: str,
+        snapshot: Snapshot,
+        token: TokenEntry | None,
+    ) -> None:
         """Send /serve/<service>/<path> on to one of the service's replicas, as it came."""
         name, path = _serve_path(scope)
-        snapshot = await self.registry.ready()
-        pool = snapshot.services.get(name)
-        if pool is None or pool.service is None:
-            raise errors.service_not_found(name)
-        # A public service takes anyone: a token sent anyway is not even looked at.
-        token = (
-            None
-            if pool.service.open_to_public
-            else await self._service_token(scope, snapshot, pool)
-        )
+        pool = snapshot.services[name]
         forward = Forward(
             method=scope["method"],
             path=path,
@@ -273,50 +357,38 @@ class Gateway:
         finally:
             watcher.cancel()
 
-    async def _authenticate(self, scope: Scope, snapshot: Snapshot) -> TokenEntry:
-        scheme, secret = _credentials(scope)
-        if scheme != b"bearer" or not secret:
-            raise errors.missing_token()
-        return await self._usable_token(secret, snapshot)
-
-    async def _service_token(self, scope: Scope, snapshot: Snapshot, pool: PoolEntry) -> TokenEntry:
-        """Return the caller's token if it may call the pool's service (Bearer or BackendAI)."""
-        assert pool.service is not None
-        scheme, secret = _credentials(scope)
-        if scheme not in SERVICE_SCHEMES or not secret:
-            raise errors.missing_service_token(pool.service.name)
-        token = await self._usable_token(secret, snapshot)
-        if not token.may_use(pool):
-            raise errors.service_forbidden(pool.service.name)
-        return token
-
     async def _usable_token(self, secret: bytes, snapshot: Snapshot) -> TokenEntry:
         """Return the token with this secret, unless it is unknown, revoked or expired.
 
         A token issued since the snapshot was read is looked up (bounded: Registry.look_up_token),
         so it works on its first request.
         """
+        token = self._known_token(secret, snapshot)
+        if token is None:
+            token = await self.registry.look_up_token(hashlib.sha256(secret).hexdigest())
+            if token is None:
+                raise errors.invalid_token()
+            _check_usable(token)
+        self.registry.note_token_used(token.id)
+        return token
+
+    @staticmethod
+    def _known_token(secret: bytes, snapshot: Snapshot) -> TokenEntry | None:
+        """Return the snapshot's token with this secret if usable; None if the snapshot has none.
+
+        Refuses a revoked, expired or admin token.
+        """
         digest = hashlib.sha256(secret).hexdigest()
         token = snapshot.tokens.get(digest)
         if token is None:
             if digest in snapshot.revoked:
                 raise errors.revoked_token()
-            token = await self.registry.look_up_token(digest)
-            if token is None:
-                raise errors.invalid_token()
-        if token.expires_at is not None and token.expires_at <= time.time():
-            raise errors.expired_token(token.expires_at)
-        # may_call refuses it every pool and service anyway; this says why, before any routing.
-        if token.scope.kind is scopes.TokenKind.ADMIN:
-            raise errors.admin_token()
-        self.registry.note_token_used(token.id)
+            return None
+        _check_usable(token)
         return token
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                raise errors.body_too_large(limit)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -326,7 +398,7 @@ class Gateway:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise errors.body_too_large(limit)
+                raise _leaving_body_unread(errors.body_too_large(limit), scope)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -335,6 +407,9 @@ class Gateway:
     def _parse(body: bytes) -> dict[str, Any]:
         try:
             payload = json.loads(body)
+        except RecursionError:
+            # The parser's own depth limit (about a thousand levels) is the cap on nesting.
+            raise errors.nesting_too_deep() from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise errors.invalid_json(str(exc) if body else "the body is empty") from None
         if not isinstance(payload, dict):
@@ -417,6 +492,32 @@ class _Response:
 def serving_health() -> dict[str, Any] | None:
     """Return the health of the gateway serving in this process; None before its first request."""
     return _serving.health() if _serving is not None else None
+
+
+def _check_usable(token: TokenEntry) -> None:
+    """Refuse an expired token, and an admin token (it never calls inference)."""
+    if token.expires_at is not None and token.expires_at <= time.time():
+        raise errors.expired_token(token.expires_at)
+    # may_call refuses it every pool and service anyway; this says why, before any routing.
+    if token.scope.kind is scopes.TokenKind.ADMIN:
+        raise errors.admin_token()
+
+
+def _check_service_scope(token: TokenEntry, pool: PoolEntry | None) -> None:
+    """Refuse a token that may not call this service (/serve); None: not a /serve request."""
+    if pool is not None and pool.service is not None and not token.may_use(pool):
+        raise errors.service_forbidden(pool.service.name)
+
+
+def _leaving_body_unread(error: GatewayError, scope: Scope) -> GatewayError:
+    """Make a refusal close the connection when the request's body (or its rest) goes unread.
+
+    Otherwise the server would read and discard the rest of it, however large, to keep the
+    connection for a next request.
+    """
+    if any(name in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"]):
+        error.headers = (*error.headers, (b"connection", b"close"))
+    return error
 
 
 def _credentials(scope: Scope) -> tuple[bytes, bytes]:

@@ -152,7 +152,46 @@ def missing_model() -> GatewayError:
 
 def body_too_large(limit: int) -> GatewayError:
     return GatewayError(
-        413, f"The request body exceeds the limit of {limit} bytes.", code="request_too_large"
+        413,
+        f"The request body exceeds the limit of {limit} bytes (NEXUS_MAX_BODY_BYTES).",
+        code="request_too_large",
+    )
+
+
+def nesting_too_deep() -> GatewayError:
+    return GatewayError(400, "The request body's JSON is nested too deeply.", code="invalid_json")
+
+
+def url_too_long(limit: int) -> GatewayError:
+    return GatewayError(
+        414,
+        f"The request URL exceeds the limit of {limit} bytes (NEXUS_MAX_URL_BYTES).",
+        code="uri_too_long",
+    )
+
+
+def headers_too_large(limit: int) -> GatewayError:
+    return GatewayError(
+        431,
+        f"The request headers exceed the limit of {limit} bytes (NEXUS_MAX_HEADER_BYTES).",
+        code="request_header_fields_too_large",
+    )
+
+
+def headers_too_slow(limit_s: float) -> GatewayError:
+    return GatewayError(
+        408,
+        f"The request headers did not arrive within {limit_s:g} s (NEXUS_HEADER_TIMEOUT_S).",
+        code="request_timeout",
+    )
+
+
+def internal_error() -> GatewayError:
+    return GatewayError(
+        500,
+        "The gateway failed unexpectedly; the error is in its log under this request id.",
+        code="internal_error",
+        error_type="server_error",
     )
 
 
@@ -234,10 +273,12 @@ def target_refused(target: str, status: int) -> GatewayError:
     )
 
 
-def target_timeout(target: str) -> GatewayError:
+def target_timeout(target: str, which: str = "") -> GatewayError:
+    """Say the target did not answer in time; `which` names the pool's timeout that passed."""
+    detail = f": {which} passed" if which else ""
     return GatewayError(
         504,
-        f"Target '{target}' did not answer in time.",
+        f"Target '{target}' did not answer in time{detail}.",
         code="target_timeout",
         error_type="server_error",
     )

@@ -13,6 +13,7 @@ attempt (success, failure, client gone, cancellation).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections import deque
@@ -24,6 +25,7 @@ import aiohttp
 import httpx
 
 from nexus import upstream
+from pools.balancer import explain
 from pools.balancer.queue import QueueFull, QueueTimeout
 from pools.balancer.retry import FailurePhase, classify, is_target_fault
 from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, Skipped, SkipReason
@@ -31,6 +33,7 @@ from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
 from pools.gateway.history import AttemptRow, HistoryRow
 from pools.gateway.ledger import Admission, Lease
+from pools.gateway.silence import SilenceTimer
 from pools.gateway.snapshot import PoolEntry, TargetEntry, TokenEntry
 from pools.gateway.state import GatewayState
 from pools.gateway.usage import TAIL_CHUNKS, USAGE_KEY, read_usage
@@ -253,7 +256,8 @@ class Router:
                 # when a slot is free this instant (it was freed for the waiter being woken).
                 if woken or not state.has_waiters(pool, flight.kind):
                     target = pool.target(decision.target_id)
-                    lease = await state.claim(pool, target, now)
+                    readmitted = decision.ranking[0].factors[-1] is explain.EJECTED
+                    lease = await state.claim(pool, target, now, readmitted=readmitted)
                     if lease is not None:
                         return target, lease
                     races += 1
@@ -292,20 +296,59 @@ class Router:
         state = self.state
         request = _upstream_request(flight, target)
         sent_at = time.monotonic()
+        timeouts = flight.pool.timeouts
+        # A non-streamed answer's headers come with its whole body: only the first-token
+        # timeout can bound them. A /serve answer may stream either way.
+        if flight.stream or flight.forward is not None:
+            timer = SilenceTimer(
+                timeouts.first_byte_s,
+                f"first-byte timeout ({timeouts.first_byte_s:g} s)",
+                timeouts.stream_idle_s,
+            )
+        else:
+            timer = SilenceTimer(
+                timeouts.first_token_s,
+                f"first-token timeout ({timeouts.first_token_s:g} s)",
+                timeouts.stream_idle_s,
+            )
         try:
-            response = await upstream.get().send(request)
-        except httpx.HTTPError as exc:
-            phase = _transport_phase(exc)
-            delivered = not isinstance(exc.__cause__, NOT_DELIVERED)
-            retried, reason = self._may_retry(flight, attempt, phase, None, delivered=delivered)
-            self._record_attempt(flight, target, phase, None, retried, reason)
-            failure = _upstream_failure(exc, target)
-            if retried:
-                return failure
-            raise failure from None
-        except asyncio.CancelledError:
-            state.abandon(target)
-            raise
+            try:
+                response = await upstream.get().send(request)
+            except httpx.HTTPError as exc:
+                phase = _transport_phase(exc)
+                delivered = not isinstance(exc.__cause__, NOT_DELIVERED)
+                retried, reason = self._may_retry(flight, attempt, phase, None, delivered=delivered)
+                self._record_attempt(flight, target, phase, None, retried, reason)
+                failure = _upstream_failure(exc, target)
+                if retried:
+                    return failure
+                raise failure from None
+            except asyncio.CancelledError:
+                if not timer.absorb():
+                    state.abandon(target)
+                    raise
+                # The request was sent and may be running: never retried (DESIGN.md).
+                assert timer.expired is not None
+                phase = FailurePhase.AMBIGUOUS_TIMEOUT
+                reason = f"not retried: {timer.expired} passed after the request was sent"
+                self._record_attempt(flight, target, phase, None, False, reason)
+                raise errors.target_timeout(target.name, timer.expired) from None
+            return await self._answer(send, flight, target, attempt, sent_at, response, timer)
+        finally:
+            timer.stop()
+
+    async def _answer(
+        self,
+        send: Send,
+        flight: Flight,
+        target: TargetEntry,
+        attempt: int,
+        sent_at: float,
+        response: httpx.Response,
+        timer: SilenceTimer,
+    ) -> GatewayError | None:
+        """Relay the target's response, or return the refusal that moves the flight on."""
+        state = self.state
         status = response.status_code
         not_delivered = target.on_node and response.headers.get(NOT_DELIVERED_HEADER) == "1"
         try:
@@ -323,13 +366,20 @@ class Router:
                 if retried:
                     self._record_attempt(flight, target, phase, status, retried, reason)
                     return errors.target_refused(target.name, status)
+            timeouts = flight.pool.timeouts
+            timer.expect(
+                timeouts.first_token_s - (time.monotonic() - sent_at),
+                f"first-token timeout ({timeouts.first_token_s:g} s)",
+            )
             await self._relay(
-                send, flight, target, response, attempt, sent_at, reason, not_delivered
+                send, flight, target, response, attempt, sent_at, reason, timer, not_delivered
             )
         except asyncio.CancelledError:
             state.abandon(target)
             raise
         finally:
+            # Closing (not reading to the end) also closes the connection of an unfinished
+            # answer, which tells the engine to stop generating.
             await response.aclose()
         return None
 
@@ -350,8 +400,10 @@ class Router:
         if forward is not None and delivered and not forward.idempotent:
             # An arbitrary service may have acted on it: sending it again could act twice.
             return False, f"not retried: {forward.method} is not idempotent and may have arrived"
-        retried, reason = self.state.may_retry(flight.pool, phase, attempt, status)
-        if retried:
+        retried, reason = self.state.may_retry(
+            flight.pool, phase, attempt, status, delivered=delivered
+        )
+        if retried and delivered:
             flight.retries_held += 1
         return retried, reason
 
@@ -379,11 +431,13 @@ class Router:
         attempt: int,
         sent_at: float,
         refusal: str,
+        timer: SilenceTimer,
         not_delivered: bool = False,
     ) -> None:
         """Relay the target's answer as it arrives, then record how the attempt went.
 
         refusal: why a 429/502/503/504 was not retried, when that is what is relayed.
+        timer: ends the wait for the first chunk and between chunks (the pool's timeouts).
         not_delivered: the node's agent answered for a replica the request never reached; the
         attempt counts as a failed connect.
         """
@@ -405,7 +459,8 @@ class Router:
             flight.stream = is_sse  # known only from the answer
         length = response.headers.get("content-length", "")
         chunks = 0
-        broken: httpx.HTTPError | None = None
+        broken: GatewayError | None = None
+        timed_out = False
         first_at: float | None = None
         encoded = "content-encoding" in response.headers  # its usage cannot be read
         if not is_sse and length.isdigit() and int(length) <= WHOLE_BODY_MAX_BYTES:
@@ -413,13 +468,16 @@ class Router:
             # Raw bytes: the body keeps its content-encoding, which is relayed with it.
             try:
                 body = b"".join([chunk async for chunk in response.aiter_raw()])
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, asyncio.CancelledError) as exc:
+                failure = _relay_failure(exc, target, timer)
                 phase = classify(
                     connected=True, request_sent=True, status=status, output_started=False,
-                    timed_out=_timed_out(exc), broken=True,
+                    timed_out=failure.code == "target_timeout", broken=True,
                 )  # fmt: skip
+                if timer.expired is not None:
+                    refusal = f"not retried: {timer.expired} passed"
                 self._finish(flight, target, phase, status, sent_at, None, 0, refusal)
-                raise _upstream_failure(exc, target) from None
+                raise failure from None
             first_at = time.monotonic()
             await send(start)
             await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -431,16 +489,18 @@ class Router:
             tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
             try:
                 async for chunk in response.aiter_raw():
+                    timer.heard()
                     if first_at is None:
                         first_at = time.monotonic()
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     chunks += 1
                     tail.append(chunk)
-            except httpx.HTTPError as exc:
-                broken = exc
+            except (httpx.HTTPError, asyncio.CancelledError) as exc:
+                broken = _relay_failure(exc, target, timer)
+                timed_out = broken.code == "target_timeout"
                 # Output already reached the client: no retry; end the stream with an error.
                 if is_sse:
-                    event = b"data: " + _stream_error(target, _upstream_failure(exc, target))
+                    event = b"data: " + _stream_error(target, broken)
                     await send(
                         {"type": "http.response.body", "body": event + b"\n\n", "more_body": True}
                     )
@@ -451,11 +511,35 @@ class Router:
         # though its body reached the client; otherwise only a broken body makes one.
         phase = classify(
             connected=True, request_sent=True, status=status, output_started=status < 400,
-            timed_out=broken is not None and _timed_out(broken), broken=broken is not None,
+            timed_out=timed_out, broken=broken is not None,
         )  # fmt: skip
         if not_delivered:
             phase = FailurePhase.CONNECT
+        if phase is FailurePhase.SERVER_ERROR:
+            blamed = self._blame_request(flight, target)
+            if blamed is not None:
+                # Not the target's fault: nothing counts in its health (a trial it held ends).
+                self.state.abandon(target)
+                flight.status = status
+                flight.attempts.append(_attempt_row(target, phase, status, False, blamed))
+                metrics.observe_attempt(flight.pool.slug, target.name, phase)
+                flight.outcome = RoutingOutcome.CLIENT_ERROR
+                flight.failure_reason = blamed
+                return
+        if timer.expired is not None:
+            refusal = f"not retried: {timer.expired} passed"
         self._finish(flight, target, phase, status, sent_at, first_at, chunks, refusal)
+        if timer.expired is not None:
+            flight.failure_reason = f"{timer.expired} passed"
+
+    def _blame_request(self, flight: Flight, target: TargetEntry) -> str | None:
+        """Say why a server error is the request's fault (other targets failed it too), if so."""
+        others = self.state.request_at_fault(
+            flight.pool, target, _fingerprint(flight), time.monotonic()
+        )
+        if others is None:
+            return None
+        return f"not the target's fault: {', '.join(others)} failed the same request too"
 
     def _finish(
         self,
@@ -550,6 +634,35 @@ def _attempt_row(
         "retried": retried,
         "reason": reason,
     }
+
+
+def _relay_failure(
+    exc: httpx.HTTPError | asyncio.CancelledError, target: TargetEntry, timer: SilenceTimer
+) -> GatewayError:
+    """Return what broke an answer off: the target's error, or a timeout the timer saw pass.
+
+    A cancellation that is not the timer's (the client left) goes on as it came.
+    """
+    if isinstance(exc, asyncio.CancelledError):
+        if not timer.absorb():
+            raise exc
+        assert timer.expired is not None
+        return errors.target_timeout(target.name, timer.expired)
+    return _upstream_failure(exc, target)
+
+
+def _fingerprint(flight: Flight) -> str:
+    """Return a hash that says two attempts carried the same request (the model aside)."""
+    forward = flight.forward
+    digest = hashlib.blake2b(digest_size=16)
+    if forward is None:
+        content = {name: value for name, value in flight.payload.items() if name != "model"}
+        digest.update(flight.kind.encode())
+        digest.update(json.dumps(content, sort_keys=True).encode("utf-8", "surrogatepass"))
+    else:
+        digest.update(f"{forward.method} {forward.path}?{forward.query}".encode())
+        digest.update(forward.body)
+    return digest.hexdigest()
 
 
 def _timed_out(exc: BaseException) -> bool:

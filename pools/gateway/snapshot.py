@@ -99,6 +99,15 @@ class TargetEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamTimeouts:
+    """How long a pool's targets may stay silent before the attempt fails as their fault."""
+
+    first_byte_s: float = 60.0  # a streamed answer's response headers, from the request sent
+    first_token_s: float = 120.0  # the first chunk of the body, from the request sent
+    stream_idle_s: float = 60.0  # between two chunks
+
+
+@dataclass(frozen=True, slots=True)
 class PoolEntry:
     id: int
     slug: str
@@ -109,6 +118,7 @@ class PoolEntry:
     max_queue: int
     max_queue_wait_s: float
     max_attempts: int
+    timeouts: UpstreamTimeouts = field(default_factory=UpstreamTimeouts)
     managed: bool = False  # a model service's pool: its targets are the service's replicas
     service: ServiceEntry | None = None  # the live service owning a managed pool
     # What a token must be allowed to call to use the pool: the pool, or for a managed pool its
@@ -222,10 +232,16 @@ def pool_entry(pool: Pool) -> PoolEntry:
             strategy=pool.strategy,
             continuity_enabled=pool.continuity_enabled,
             continuity_threshold=pool.continuity_threshold,
+            max_ejected_share=pool.max_ejection_percent / 100,
         ),
         max_queue=pool.max_queue,
         max_queue_wait_s=pool.max_queue_wait_s,
         max_attempts=pool.max_attempts,
+        timeouts=UpstreamTimeouts(
+            first_byte_s=pool.first_byte_timeout_s,
+            first_token_s=pool.first_token_timeout_s,
+            stream_idle_s=pool.stream_idle_timeout_s,
+        ),
         managed=pool.managed,
         service=service,
         callee=callee,

@@ -24,7 +24,7 @@ from django.conf import settings
 from nexus import upstream
 from pools import services
 from pools.balancer.continuity import AffinityMap, continuity_keys
-from pools.balancer.health import LatencyStats, PassiveHealth
+from pools.balancer.health import LatencyStats, PassiveHealth, ServerErrorMemory
 from pools.balancer.limits import TokenLimits
 from pools.balancer.queue import PoolQueue
 from pools.balancer.retry import FailurePhase, RetryBudget, may_retry
@@ -64,6 +64,7 @@ class GatewayState:
         self._publisher = publisher
         self._engine_loads = EngineLoads()
         self._health = PassiveHealth()
+        self._server_errors = ServerErrorMemory()
         self._latency: defaultdict[int, LatencyStats] = defaultdict(LatencyStats)
         self._sessions = AffinityMap(max_entries=SESSION_ENTRIES, ttl_s=SESSION_TTL_S)
         self._prefixes = AffinityMap(max_entries=PREFIX_ENTRIES, ttl_s=PREFIX_TTL_S)
@@ -142,13 +143,17 @@ class GatewayState:
         """Say whether requests of this kind wait in the pool's queue (newcomers go behind)."""
         return bool(self._queue(pool, kind))
 
-    async def claim(self, pool: PoolEntry, target: TargetEntry, now: float) -> Lease | None:
+    async def claim(
+        self, pool: PoolEntry, target: TargetEntry, now: float, *, readmitted: bool = False
+    ) -> Lease | None:
         """Take a slot on the chosen target (its half-open trial, if on trial); None if gone.
 
-        The pool's round-robin turn moves on either way: the decision used it.
+        readmitted: the decision took an ejected target because ejection is past the pool's
+        cap; its circuit stays open, so it is not asked. The pool's round-robin turn moves on
+        either way: the decision used it.
         """
         self._turns[pool.id] += 1
-        if not self._health.allow(target.id, now):
+        if not readmitted and not self._health.allow(target.id, now):
             return None
         lease = await self._ledger.try_acquire(target.id, target.capacity)
         if lease is None:
@@ -181,17 +186,47 @@ class GatewayState:
         )
 
     def may_retry(
-        self, pool: PoolEntry, phase: FailurePhase, attempt: int, status: int | None
+        self,
+        pool: PoolEntry,
+        phase: FailurePhase,
+        attempt: int,
+        status: int | None,
+        *,
+        delivered: bool,
     ) -> tuple[bool, str]:
-        """Say whether a failed attempt moves to another target, and why; True holds a slot of
-        the retry budget, given back by `end`."""
+        """Say whether a failed attempt moves to another target, and why; True for a delivered
+        request holds a slot of the retry budget, given back by `end`."""
         return may_retry(
-            phase, attempt, pool.max_attempts, self._budget, self._active[pool.id], status=status
+            phase,
+            attempt,
+            pool.max_attempts,
+            self._budget,
+            self._active[pool.id],
+            status=status,
+            delivered=delivered,
         )
 
     def record_outcome(self, target: TargetEntry, ok: bool, now: float) -> None:
         """Count an attempt's verdict in the target's passive health."""
         self._health.record(target.id, ok=ok, now=now, degraded=target.health is Health.DEGRADED)
+
+    def request_at_fault(
+        self, pool: PoolEntry, target: TargetEntry, fingerprint: str, now: float
+    ) -> list[str] | None:
+        """Say whether a server error is the request's fault: other targets failed it too.
+
+        Returns their names (their own failures on it are taken back), or None when this is the
+        first target to fail the request, which then counts as the target's fault.
+        """
+        others = self._server_errors.note(fingerprint, target.id, now)
+        if not others:
+            return None
+        names = []
+        for other in pool.targets:
+            if other.id in others:
+                self._health.forgive(other.id)
+                names.append(other.name)
+        return names
 
     def abandon(self, target: TargetEntry) -> None:
         """End an attempt that gave no verdict (the client left), freeing a trial it held."""

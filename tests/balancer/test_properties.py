@@ -50,7 +50,7 @@ def build_pool(seed: int, size: int) -> list[TargetView]:
                 enabled=rng.random() > 0.1,
                 drain=rng.choice([DrainState.ACTIVE] * 6 + list(DrainState)),
                 health=rng.choice([Health.HEALTHY] * 4 + list(Health)),
-                circuit_open=rng.random() < 0.1,
+                circuit_open=rng.random() < 0.3,
                 in_flight=rng.randint(0, 9),
                 engine_running=rng.choice([None, rng.randint(0, 12)]),
                 engine_waiting=rng.choice([None, rng.randint(0, 6)]),
@@ -72,6 +72,7 @@ def make_situation(
     targets: list[TargetView],
     continuity_enabled: bool,
     continuity_threshold: float,
+    max_ejected_share: float,
     kind: str,
     sticky: int | None,
     prefix: int | None,
@@ -79,7 +80,7 @@ def make_situation(
 ) -> tuple[list[TargetView], PoolPolicy, RequestFacts, frozenset[int]]:
     """Return a pool, its policy (any strategy), a request and the targets already tried."""
     ids = [target.id for target in targets] + [999]
-    policy = PoolPolicy("smart", continuity_enabled, continuity_threshold)
+    policy = PoolPolicy("smart", continuity_enabled, continuity_threshold, max_ejected_share)
     request = RequestFacts(
         kind=kind,
         sticky_target_id=None if sticky is None else ids[sticky % len(ids)],
@@ -94,6 +95,7 @@ situations = st.builds(
     pools,
     st.booleans(),
     st.sampled_from([0.0, 0.25]) | st.floats(0.0, 1.0),
+    st.sampled_from([0.0, 0.5, 1.0]) | st.floats(0.0, 1.0),
     st.sampled_from(KINDS),
     st.none() | picks,
     st.none() | picks,
@@ -101,19 +103,41 @@ situations = st.builds(
 )
 
 
-def expected_reason(target: TargetView, kind: str, exclude: frozenset[int]) -> str | None:
-    """Return the documented first failing reason, written independently of the code."""
+def past_ejection_cap(targets: Sequence[TargetView], kind: str, share: float) -> bool:
+    """Say whether open circuits hold more than `share` of the capacity that could serve kind."""
+    could_serve = [
+        t
+        for t in targets
+        if t.enabled and t.drain == DrainState.ACTIVE and t.health != Health.UNHEALTHY
+        and kind in t.kinds
+    ]  # fmt: skip
+    ejected = sum(t.capacity for t in could_serve if t.circuit_open)
+    return ejected > share * sum(t.capacity for t in could_serve)
+
+
+def expected_reason(
+    target: TargetView, kind: str, exclude: frozenset[int], readmitted: bool = False
+) -> str | None:
+    """Return the documented first failing reason, written independently of the code.
+
+    readmitted: ejection is past the pool's cap, so an open circuit alone does not skip.
+    """
     checks = [
         (not target.enabled, "disabled"),
         (target.drain == DrainState.DRAINING, "draining"),
         (target.drain == DrainState.DRAINED, "drained"),
         (target.health == Health.UNHEALTHY, "unhealthy"),
-        (target.circuit_open, "circuit open"),
+        (target.circuit_open and not (readmitted and kind in target.kinds), "circuit open"),
         (kind not in target.kinds, "incompatible"),
         (target.id in exclude, "already tried"),
         (target.in_flight >= target.capacity, "full"),
     ]
     return next((reason for failed, reason in checks if failed), None)
+
+
+def last_layer(target: TargetView) -> bool:
+    """Say whether a candidate ranks after the healthy ones: degraded, or ejected past the cap."""
+    return target.health == Health.DEGRADED or target.circuit_open
 
 
 def assert_invariants(
@@ -125,7 +149,10 @@ def assert_invariants(
 ) -> None:
     """Check everything a decision promises, whatever the strategy."""
     by_id = {target.id: target for target in targets}
-    reasons = {target.id: expected_reason(target, request.kind, exclude) for target in targets}
+    readmitted = past_ejection_cap(targets, request.kind, policy.max_ejected_share)
+    reasons = {
+        target.id: expected_reason(target, request.kind, exclude, readmitted) for target in targets
+    }
     candidates = [target for target in targets if reasons[target.id] is None]
 
     # The lowest tier with an eligible, non-full target takes the request.
@@ -154,11 +181,13 @@ def assert_invariants(
     }
     assert all(isinstance(s.reason, SkipReason) for s in decision.skipped)
 
-    # Degraded targets come after every healthy one and are chosen only without a healthy one.
-    layers = [by_id[i].health == Health.DEGRADED for i in ranked]
+    # Degraded targets, and ejected ones readmitted past the cap, come after every healthy one
+    # and are chosen only without a healthy one.
+    layers = [last_layer(by_id[i]) for i in ranked]
     assert layers == sorted(layers)
-    for flag, entry in zip(layers, decision.ranking, strict=True):
-        assert (entry.factors[-1].name == "degraded") == flag
+    for target_id, flag, entry in zip(ranked, layers, decision.ranking, strict=True):
+        last = "ejected" if by_id[target_id].circuit_open else "degraded"
+        assert (entry.factors[-1].name == last) == flag
 
     scores = [r.score for r in decision.ranking]
     healthy_scores = [s for s, flag in zip(scores, layers, strict=True) if not flag]
@@ -201,7 +230,7 @@ def assert_continuity(
         kept = decision.ranking[0]
         assert kept.factors[4].value == -threshold
         for other in decision.ranking[1:]:
-            if by_id[other.target_id].health == by_id[sticky].health:
+            if last_layer(by_id[other.target_id]) == last_layer(by_id[sticky]):
                 assert kept.score + threshold <= other.score + threshold
         return
     assert decision.continuity.startswith("yielded: ")
@@ -231,7 +260,8 @@ def test_every_decision_keeps_the_invariants_and_is_deterministic(situation, tur
 def test_round_robin_visits_every_candidate_once_per_round(targets, start, kind):
     policy, request = PoolPolicy(strategy="round_robin"), RequestFacts(kind=kind)
     first = decide(targets, policy, request, rng=random.Random(0), turn=start)
-    healthy = [r.target_id for r in first.ranking if r.factors[-1].name != "degraded"]
+    last_layer = ("degraded", "ejected")
+    healthy = [r.target_id for r in first.ranking if r.factors[-1].name not in last_layer]
     rotation = healthy or [r.target_id for r in first.ranking]
 
     chosen = [

@@ -170,6 +170,25 @@ def test_a_granted_retry_holds_a_budget_slot_until_released():
     assert budget.in_progress == 0
 
 
+def test_a_request_provably_not_delivered_is_retried_whatever_the_budget():
+    budget = RetryBudget()
+    for _ in range(3):
+        assert budget.try_acquire(active_requests=0)
+
+    assert may_retry(P.CONNECT, 1, 2, budget, active=0, delivered=False) == (
+        True,
+        "retried: not delivered (connection refused), outside the retry budget",
+    )
+    assert budget.in_progress == 3  # no slot taken: nothing to give back
+
+
+def test_attempts_still_bound_the_retries_of_a_request_not_delivered():
+    assert may_retry(P.CONNECT, 2, 2, RetryBudget(), active=0, delivered=False) == (
+        False,
+        "not retried: attempts exhausted (2 of 2)",
+    )
+
+
 def test_it_stops_retrying_when_the_budget_is_spent():
     budget = RetryBudget()
     for _ in range(3):

@@ -279,7 +279,7 @@ def test_a_connect_failure_moves_the_request_to_the_other_target(world: World) -
     assert record.attempts == [
         world.attempt(
             "connect-retry", "unreachable", "connect", None, True,
-            "retried: connection failed before a response",
+            "retried: not delivered (connection refused), outside the retry budget",
         ),
         world.attempt("connect-retry", "good", "ok", 200, False, "ok"),
     ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""A real Nexus server process (daphne) on a free loopback port, sharing the test database."""
+"""A real Nexus server process (daphne, or uvicorn) on a free loopback port, sharing the test
+database."""
 
 from __future__ import annotations
 
@@ -75,15 +76,24 @@ class LiveServer:
                 self.process.wait()
 
 
+def server_argv(server: str, port: int) -> list[str]:
+    """Return the command that serves Nexus's ASGI app: daphne, or uvicorn as documented."""
+    if server == "uvicorn":
+        return [sys.executable, "-m", "uvicorn", "nexus.asgi:application", "--host", "127.0.0.1",
+                "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--lifespan",
+                "off", "--no-access-log"]  # fmt: skip
+    return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+            "nexus.asgi:application"]  # fmt: skip
+
+
 @contextmanager
-def running_nexus(tmp_dir: Path, **extra_env: str) -> Iterator[LiveServer]:
-    """Run daphne with Nexus's ASGI app until the block ends."""
+def running_nexus(tmp_dir: Path, server: str = "daphne", **extra_env: str) -> Iterator[LiveServer]:
+    """Run daphne (or uvicorn) with Nexus's ASGI app until the block ends."""
     port = free_port()
-    log_path = tmp_dir / f"daphne-{port}.log"
+    log_path = tmp_dir / f"{server}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "nexus.asgi:application"],
+            server_argv(server, port),
             cwd=REPO_ROOT,
             env=server_environment(**extra_env),
             stdout=log,
@@ -99,7 +109,7 @@ def running_nexus(tmp_dir: Path, **extra_env: str) -> Iterator[LiveServer]:
 
 def _answers(server: LiveServer) -> bool:
     if server.process.poll() is not None:
-        raise RuntimeError(f"daphne exited with {server.process.returncode}:\n{server.log()}")
+        raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
     try:
         return httpx.get(f"{server.url}/healthz", timeout=2).status_code in (200, 503)
     except httpx.HTTPError:

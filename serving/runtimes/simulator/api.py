@@ -123,7 +123,16 @@ def _chat_prompt(messages: object) -> _Prompt:
             raise _invalid("messages", "message content to be a string or an array of parts")
         tokens.extend(content.split())
         key_parts.append(f"{message.get('role')}: {content}")
-    return _Prompt(tokens, "\n".join(key_parts))
+    key = "\n".join(key_parts)
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        # What real engines do with a lone surrogate: the tokenizer fails, the server answers
+        # 500, and every engine fails the same request alike.
+        raise OpenAIError(
+            500, "'utf-8' codec can't encode a surrogate in the prompt.", kind="server_error"
+        ) from None
+    return _Prompt(tokens, key)
 
 
 def _is_int(value: object) -> bool:
@@ -464,6 +473,7 @@ class SimulatorApi:
             for prompt in generation.prompts
         ]
         cut_after = engine.faults.cut_stream_after
+        stall_after = engine.faults.stall_stream_after
         loop = asyncio.get_running_loop()
         deadline = loop.time() + admission.ttft_s
         # Events due at the same moment go out in one write: far fewer syscalls at tpot 0.
@@ -472,6 +482,11 @@ class SimulatorApi:
             if position == cut_after:
                 await self._cut(request, response, pending)
                 return
+            if position == stall_after:
+                if pending:
+                    await response.write(b"".join(pending))
+                    pending.clear()
+                await engine.hang()
             if position:
                 deadline += engine.token_interval()
             delay = deadline - loop.time()

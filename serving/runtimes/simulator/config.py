@@ -18,6 +18,7 @@ class Faults:
     error_codes: tuple[int, ...] = DEFAULT_ERROR_CODES
     hang: bool = False
     cut_stream_after: int | None = None
+    stall_stream_after: int | None = None  # tokens sent before the stream goes silent
     fail_health: bool = False
     refuse_connections: bool = False
     slow_start_s: float = 0.0
@@ -107,12 +108,12 @@ def parse_fault_update(body: object) -> dict[str, Any]:
             update[name] = parse_error_codes(value)
         elif name in ("hang", "fail_health"):
             update[name] = _flag(name, value)
-        elif name == "cut_stream_after":
+        elif name in ("cut_stream_after", "stall_stream_after"):
             valid = value is None or (
                 isinstance(value, int) and not isinstance(value, bool) and value >= 0
             )
             if not valid:
-                raise ValueError("cut_stream_after must be a non-negative integer or null")
+                raise ValueError(f"{name} must be a non-negative integer or null")
             update[name] = value
         elif name == "refuse_connections":
             if isinstance(value, bool):

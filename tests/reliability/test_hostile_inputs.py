@@ -1,0 +1,277 @@
+"""Hostile requests are refused from their headers, before any work, and the server stays healthy.
+
+Each runs against a real server process, daphne and uvicorn alike, over raw sockets so that the
+test controls every byte sent. After each, the server answers /healthz and a real chat request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from nexus.models import ApiToken
+from pools.models import Pool
+from tests.nexus.factories import make_pool, make_target
+from tests.support import faults
+from tests.support.live import LiveServer, running_nexus
+from tests.support.simulator import Simulator, running_simulator
+from tests.support.traffic import chat_body, send
+
+MIB = 1024 * 1024
+SERVERS = ["daphne", "uvicorn"]
+HEADER_TIMEOUT_S = 2.0
+# Every exchange with a hostile client ends within this, or the test fails.
+EXCHANGE_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Stack:
+    server: LiveServer
+    engine: Simulator
+    token: str
+    tmp_dir: Path  # the server's TMPDIR: a spooled body would show up here
+    name: str
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Simulator]:
+    with running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=0) as simulator:
+        yield simulator
+
+
+@pytest.fixture(params=SERVERS)
+def stack(
+    request: pytest.FixtureRequest,
+    committed_db: None,
+    django_db_blocker,
+    engine: Simulator,
+    tmp_path: Path,
+) -> Iterator[Stack]:
+    with django_db_blocker.unblock():
+        pool = make_pool("hostile")
+        make_target(pool, "engine", base_url=engine.base_url, model_id="demo-8b")
+        token_row, token = ApiToken.issue("hostile inputs")
+    server_tmp = tmp_path / "server-tmp"
+    server_tmp.mkdir()
+    env = {"TMPDIR": str(server_tmp), "NEXUS_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S)}
+    try:
+        with running_nexus(tmp_path, server=request.param, **env) as server:
+            stack = Stack(server, engine, token, server_tmp, request.param)
+            assert_serving(stack)  # also loads the gateway's snapshot
+            yield stack
+            assert_serving(stack)
+    finally:
+        with django_db_blocker.unblock():
+            Pool.objects.filter(pk=pool.pk).delete()
+            token_row.delete()
+
+
+def assert_serving(stack: Stack) -> None:
+    """The server is healthy: /healthz answers and a real chat request is served."""
+    assert httpx.get(f"{stack.server.url}/healthz", timeout=5).status_code == 200
+    answer = send(
+        f"{stack.server.url}/v1/chat/completions", stack.token, chat_body("hostile"), timeout_s=10
+    )
+    assert answer.status == 200, answer.content
+
+
+def connect(stack: Stack) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", stack.server.port), timeout=EXCHANGE_TIMEOUT_S)
+    return sock
+
+
+def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP answer (status, headers, body) until the connection closes or it is whole."""
+    data = b""
+    deadline = time.monotonic() + EXCHANGE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        data += chunk
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if sep:
+            headers = parse_headers(head)
+            if len(body) >= int(headers.get("content-length", "-1")) >= 0:
+                break
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head, "no answer at all: the connection was dropped"
+    status = int(head.split(b" ", 2)[1])
+    return status, parse_headers(head), body
+
+
+def parse_headers(head: bytes) -> dict[str, str]:
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    return {name.lower(): value.strip() for name, _, value in (h.partition(":") for h in lines)}
+
+
+def assert_openai_error(status: int, headers: dict[str, str], body: bytes, code: str) -> None:
+    assert headers["content-type"] == "application/json"
+    assert len(headers["x-nexus-request-id"]) == 32
+    error = json.loads(body)["error"]
+    assert error["code"] == code, error
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def open_files(pid: int) -> list[str]:
+    """Return what the process's file descriptors point at, sockets and pipes aside."""
+    names = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:
+            continue  # closed meanwhile
+        if not target.startswith(("socket:", "pipe:", "anon_inode:", "/dev/")):
+            names.append(target)
+    return names
+
+
+def test_an_unauthenticated_300_mib_chunked_upload_is_refused_before_its_body(
+    stack: Stack,
+) -> None:
+    pid = stack.server.process.pid
+    files_before = set(open_files(pid))
+    sock = connect(stack)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    started = time.monotonic()
+    chunk = b"%x\r\n" % MIB + b"x" * MIB + b"\r\n"
+    sent = 0
+    new_files: set[str] = set()
+    try:
+        while sent < 300 * MIB:
+            sock.sendall(chunk)
+            sent += MIB
+            new_files |= set(open_files(pid)) - files_before
+    except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        pass  # the server closed the connection: the point
+    refused_after = time.monotonic() - started
+    status, headers, body = read_answer(sock)
+    sock.close()
+
+    assert status == 401
+    assert_openai_error(status, headers, body, "invalid_api_key")
+    assert headers.get("connection") == "close"
+    # What the kernel's socket buffers took before the close, not what the server read.
+    assert sent <= 32 * MIB, f"{sent / MIB:.0f} MiB were accepted before the refusal"
+    assert new_files == set(), new_files
+    assert list(stack.tmp_dir.iterdir()) == []
+    faults.note(
+        faults.FaultOutcome(
+            "300 MiB chunked upload, no token", stack.name, 1, 0, refused_after,
+            f"401 JSON after {sent / MIB:.0f} MiB sent (socket buffers), no file opened",
+        )
+    )  # fmt: skip
+
+
+def test_a_declared_1_gib_body_is_refused_at_once(stack: Stack) -> None:
+    sock = connect(stack)
+    started = time.monotonic()
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer " + stack.token.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (1 << 30)
+    )
+    status, headers, body = read_answer(sock)
+    took = time.monotonic() - started
+    sock.close()
+
+    assert status == 413
+    assert_openai_error(status, headers, body, "request_too_large")
+    assert took < 2.0
+    faults.note(
+        faults.FaultOutcome(
+            "1 GiB Content-Length, valid token", stack.name, 1, 0, took,
+            "413 JSON from the headers alone",
+        )
+    )  # fmt: skip
+
+
+def test_json_nested_100k_deep_is_a_400_in_the_openai_shape(stack: Stack) -> None:
+    body = b'{"model": "@pool/hostile", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+    started = time.monotonic()
+    response = httpx.post(
+        f"{stack.server.url}/v1/chat/completions",
+        content=body,
+        headers={"Authorization": f"Bearer {stack.token}", "Content-Type": "application/json"},
+        timeout=EXCHANGE_TIMEOUT_S,
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
+    assert "nested too deeply" in response.json()["error"]["message"]
+    faults.note(
+        faults.FaultOutcome(
+            "JSON nested 100k deep", stack.name, 1, 0, time.monotonic() - started, "400 JSON"
+        )
+    )
+
+
+def test_64_kb_of_headers_is_a_431(stack: Stack) -> None:
+    sock = connect(stack)
+    started = time.monotonic()
+    padding = b"".join(b"X-Pad-%d: %s\r\n" % (n, b"a" * 1000) for n in range(64))
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + padding + b"\r\n")
+    status, headers, body = read_answer(sock)
+    sock.close()
+
+    assert status == 431
+    assert_openai_error(status, headers, body, "request_header_fields_too_large")
+    faults.note(
+        faults.FaultOutcome(
+            "64 KB of headers", stack.name, 1, 0, time.monotonic() - started, "431 JSON"
+        )
+    )
+
+
+def test_a_20_kb_path_is_a_414(stack: Stack) -> None:
+    sock = connect(stack)
+    started = time.monotonic()
+    sock.sendall(b"GET /v1/" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    status, headers, body = read_answer(sock)
+    sock.close()
+
+    assert status == 414
+    assert_openai_error(status, headers, body, "uri_too_long")
+    faults.note(
+        faults.FaultOutcome("20 KB path", stack.name, 1, 0, time.monotonic() - started, "414 JSON")
+    )
+
+
+def test_a_slowloris_connection_is_closed_after_the_header_timeout(stack: Stack) -> None:
+    sock = connect(stack)
+    started = time.monotonic()
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    closed_after = None
+    # One header byte every 0.25 s: never idle long enough for an idle timeout to fire.
+    while time.monotonic() - started < HEADER_TIMEOUT_S + 5:
+        try:
+            sock.sendall(b"X")
+        except (BrokenPipeError, ConnectionResetError):
+            closed_after = time.monotonic() - started
+            break
+        time.sleep(0.25)
+    sock.close()
+
+    assert closed_after is not None, "the connection was still open"
+    assert closed_after < HEADER_TIMEOUT_S + 2
+    faults.note(
+        faults.FaultOutcome(
+            "slowloris (1 header byte / 0.25 s)", stack.name, 1, 0, closed_after,
+            f"closed after {closed_after:.1f} s (header timeout {HEADER_TIMEOUT_S:g} s)",
+        )
+    )  # fmt: skip
