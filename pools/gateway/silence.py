@@ -18,7 +18,9 @@ import asyncio
 class SilenceTimer:
     """Cancel the current task when the awaited output does not come in time."""
 
-    __slots__ = ("_due", "_handle", "_idle", "_idle_s", "_loop", "_task", "_what", "expired")
+    __slots__ = (
+        "_check_at", "_due", "_handle", "_idle", "_idle_s", "_loop", "_task", "_what", "expired"
+    )  # fmt: skip
 
     def __init__(self, due_in_s: float, what: str, idle_s: float):
         """Expect output within `due_in_s` (`what` names that timeout), then every `idle_s`."""
@@ -30,22 +32,28 @@ class SilenceTimer:
         self._what = what
         self._idle_s = idle_s
         self._idle = f"stream idle timeout ({idle_s:g} s)"
-        self._due = self._loop.time() + due_in_s
+        self._due = self._check_at = self._loop.time() + due_in_s
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._due, self._check)
 
     def expect(self, due_in_s: float, what: str) -> None:
         """Expect the next output within `due_in_s` from now; `what` names that timeout."""
-        due = self._due = self._loop.time() + due_in_s
         self._what = what
-        handle = self._handle
-        if handle is not None and due < handle.when():
-            handle.cancel()
-            self._handle = self._loop.call_at(due, self._check)
+        self._move(self._loop.time() + due_in_s)
 
     def heard(self) -> None:
         """Note that output just arrived: the next is due within the idle timeout."""
-        self._due = self._loop.time() + self._idle_s
         self._what = self._idle
+        due = self._due = self._loop.time() + self._idle_s
+        if due < self._check_at:  # only when the idle timeout is shorter than the last wait
+            self._move(due)
+
+    def _move(self, due: float) -> None:
+        """Set the deadline; a check due later than it is brought forward."""
+        self._due = due
+        if self._handle is not None and due < self._check_at:
+            self._handle.cancel()
+            self._check_at = due
+            self._handle = self._loop.call_at(due, self._check)
 
     def stop(self) -> None:
         """Stop watching (the attempt ended)."""
@@ -62,6 +70,7 @@ class SilenceTimer:
 
     def _check(self) -> None:
         if self._loop.time() < self._due:
+            self._check_at = self._due
             self._handle = self._loop.call_at(self._due, self._check)
             return
         self._handle = None

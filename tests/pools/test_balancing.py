@@ -150,7 +150,8 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
     pool("bad-request", [("first", "good", {}), ("second", "good", backup)])
     pool("exhausted", [("busy-1", "faulty", {}), ("busy-2", "faulty", backup)])
     pool("exhausted-history", [("busy-1", "faulty", {}), ("busy-2", "faulty", backup)])
-    pool("refused-alone", [("refusing", "faulty", {})], max_attempts=1)
+    # Ejection uncapped, so that the lone target's circuit really opens.
+    pool("refused-alone", [("refusing", "faulty", {})], max_attempts=1, max_ejection_percent=100)
     pool("ejection", [("failing", "faulty", {}), ("good", "good", backup)])
     # Drain: round robin, so that both targets get traffic while both are active.
     for slug in ("drain", "resume"):

@@ -59,7 +59,8 @@ def test_a_dry_run_from_another_process_sees_the_gateways_streams_and_open_circu
     # streams, served by a live gateway (another process) with the in-memory or Redis ledger,
     with running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=100, concurrency=8) as engine:
         with django_db_blocker.unblock():
-            pool = make_pool("live-tour", strategy="priority")
+            # Ejection uncapped: the dead target's circuit stays open (docs/reliability.md).
+            pool = make_pool("live-tour", strategy="priority", max_ejection_percent=100)
             dead = make_target(
                 pool, "dead", base_url=f"http://127.0.0.1:{free_port()}/v1", model_id="demo-8b"
             )
