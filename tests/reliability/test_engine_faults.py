@@ -1,7 +1,7 @@
 """Engines that die, hang, stall, fail or refuse: the pool keeps serving through a live gateway.
 
 Real simulator processes behind one real gateway (daphne) over loopback; every request and
-every wait is bounded. Each test notes its measured outcome (tests/support/faults.py).
+every wait is bounded. Each test notes its measured outcome (tests/support/outcomes.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from nexus.models import ApiToken
 from pools.models import Pool, RoutingRecord
 from tests.nexus.factories import make_pool, make_target
-from tests.support import faults
+from tests.support import outcomes
 from tests.support.live import LiveServer, running_nexus, wait_until
 from tests.support.simulator import Simulator, running_simulators
 from tests.support.traffic import Answer, chat_body, send
@@ -131,14 +131,15 @@ def test_an_engine_killed_mid_run_fails_no_request_that_was_not_yet_streaming(
     later = [a for a in answers if a.started > killed_at + 0.05]
     assert later and all(a.done for a in later)
     after = [a.finished - killed_at for a in answers if a.done and a.started > killed_at]
-    faults.note(
-        faults.FaultOutcome(
-            "engine killed mid-run (1 of 3)", "daphne", len(answers), len(cut),
-            min(after) if after else None,
-            f"{len(cut)} streams already running on it ended with an error event; "
-            f"no request that was not yet streaming failed (served: {by_target})",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "engine killed mid-run (1 of 3)",
+        "daphne",
+        len(answers),
+        len(cut),
+        min(after) if after else None,
+        f"{len(cut)} streams already running on it ended with an error event; "
+        f"no request that was not yet streaming failed (served: {by_target})",
+    )
 
 
 def test_an_engine_that_hangs_before_headers_is_ejected_within_the_timeout(
@@ -165,14 +166,15 @@ def test_an_engine_that_hangs_before_headers_is_ejected_within_the_timeout(
     assert timed_out
     assert all("first-byte timeout (1 s) passed" in r.failure_reason for r in timed_out)
     ejected_after = max(a.finished for a in failed) - started
-    faults.note(
-        faults.FaultOutcome(
-            "engine hangs before headers (1 of 2)", "daphne", len(answers), len(failed),
-            ejected_after,
-            f"{len(failed)} × 504 after the 1 s first-byte timeout, then ejected; "
-            f"the rest served by the other ({took:.1f} s for all)",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "engine hangs before headers (1 of 2)",
+        "daphne",
+        len(answers),
+        len(failed),
+        ejected_after,
+        f"{len(failed)} × 504 after the 1 s first-byte timeout, then ejected; "
+        f"the rest served by the other ({took:.1f} s for all)",
+    )
 
 
 def test_a_stream_that_stalls_ends_with_an_error_event_and_the_target_is_ejected(
@@ -197,14 +199,15 @@ def test_a_stream_that_stalls_ends_with_an_error_event_and_the_target_is_ejected
         # The idle timeout plus two tokens and a loaded machine's scheduling.
         assert answer.elapsed_s < SHORT_TIMEOUT_S + 4
     assert all(a.target == "good" for a in answers if a.done)
-    faults.note(
-        faults.FaultOutcome(
-            "stream stalls after 2 tokens (1 of 2)", "daphne", len(answers), len(stalled),
-            max(a.finished for a in stalled) - started,
-            f"{len(stalled)} streams ended with an error event after the 1 s idle timeout, "
-            f"then ejected ({took:.1f} s for all)",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "stream stalls after 2 tokens (1 of 2)",
+        "daphne",
+        len(answers),
+        len(stalled),
+        max(a.finished for a in stalled) - started,
+        f"{len(stalled)} streams ended with an error event after the 1 s idle timeout, "
+        f"then ejected ({took:.1f} s for all)",
+    )
 
 
 def test_a_5xx_burst_is_retried_elsewhere_and_the_target_recovers(
@@ -230,12 +233,14 @@ def test_a_5xx_burst_is_retried_elsewhere_and_the_target_recovers(
     assert recovered
     assert [a.status for a in during] == [200] * 30
     assert {a.target for a in during} == {"good"}
-    faults.note(
-        faults.FaultOutcome(
-            "5xx burst (503 on every request, 1 of 2)", "daphne", len(during), 0, recovery_s,
-            "every 503 retried on the other target; serves again after its cooldown",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "5xx burst (503 on every request, 1 of 2)",
+        "daphne",
+        len(during),
+        0,
+        recovery_s,
+        "every 503 retried on the other target; serves again after its cooldown",
+    )
 
 
 def test_requests_every_engine_fails_with_500_do_not_take_the_pool_down(
@@ -253,13 +258,15 @@ def test_requests_every_engine_fails_with_500_do_not_take_the_pool_down(
     assert [a.status for a in good] == [200] * 30
     blamed = [r for r in records if r.failure_reason.startswith("not the target's fault")]
     assert len(blamed) >= 6
-    faults.note(
-        faults.FaultOutcome(
-            "request-caused 500 (lone surrogate × 9, 3 targets)", "daphne", len(good), 0, None,
-            f"the 9 bad requests got 500; {len(blamed)} judged the request's fault; "
-            "30 other requests all 200",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "request-caused 500 (lone surrogate × 9, 3 targets)",
+        "daphne",
+        len(good),
+        0,
+        None,
+        f"the 9 bad requests got 500; {len(blamed)} judged the request's fault; "
+        "30 other requests all 200",
+    )
 
 
 def test_refused_connections_are_retried_whatever_the_retry_budget(
@@ -272,13 +279,14 @@ def test_refused_connections_are_retried_whatever_the_retry_budget(
 
     assert [(a.status, a.done) for a in answers] == [(200, True)] * 48
     assert {a.target for a in answers} == {"good"}
-    faults.note(
-        faults.FaultOutcome(
-            "connections refused (1 of 2)", "daphne", len(answers), 0, None,
-            "every request that met the refusing engine retried on the other, "
-            "outside the retry budget",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "connections refused (1 of 2)",
+        "daphne",
+        len(answers),
+        0,
+        None,
+        "every request that met the refusing engine retried on the other, outside the retry budget",
+    )
 
 
 @pytest.fixture(autouse=True)

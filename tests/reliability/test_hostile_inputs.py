@@ -20,7 +20,7 @@ import pytest
 from nexus.models import ApiToken
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
-from tests.support import faults
+from tests.support import outcomes
 from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
 from tests.support.traffic import chat_body, send
@@ -169,12 +169,14 @@ def test_an_unauthenticated_300_mib_chunked_upload_is_refused_before_its_body(
     assert sent <= 32 * MIB, f"{sent / MIB:.0f} MiB were accepted before the refusal"
     assert new_files == set(), new_files
     assert list(stack.tmp_dir.iterdir()) == []
-    faults.note(
-        faults.FaultOutcome(
-            "300 MiB chunked upload, no token", stack.name, 1, 0, refused_after,
-            f"401 JSON after {sent / MIB:.0f} MiB sent (socket buffers), no file opened",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "300 MiB chunked upload, no token",
+        stack.name,
+        1,
+        0,
+        refused_after,
+        f"401 JSON after {sent / MIB:.0f} MiB sent (socket buffers), no file opened",
+    )
 
 
 def test_a_declared_1_gib_body_is_refused_at_once(stack: Stack) -> None:
@@ -192,12 +194,14 @@ def test_a_declared_1_gib_body_is_refused_at_once(stack: Stack) -> None:
     assert status == 413
     assert_openai_error(status, headers, body, "request_too_large")
     assert took < 2.0
-    faults.note(
-        faults.FaultOutcome(
-            "1 GiB Content-Length, valid token", stack.name, 1, 0, took,
-            "413 JSON from the headers alone",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "1 GiB Content-Length, valid token",
+        stack.name,
+        1,
+        0,
+        took,
+        "413 JSON from the headers alone",
+    )
 
 
 def test_json_nested_100k_deep_is_a_400_in_the_openai_shape(stack: Stack) -> None:
@@ -214,10 +218,8 @@ def test_json_nested_100k_deep_is_a_400_in_the_openai_shape(stack: Stack) -> Non
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_json"
     assert "nested too deeply" in response.json()["error"]["message"]
-    faults.note(
-        faults.FaultOutcome(
-            "JSON nested 100k deep", stack.name, 1, 0, time.monotonic() - started, "400 JSON"
-        )
+    outcomes.record_fault(
+        "JSON nested 100k deep", stack.name, 1, 0, time.monotonic() - started, "400 JSON"
     )
 
 
@@ -231,10 +233,8 @@ def test_64_kb_of_headers_is_a_431(stack: Stack) -> None:
 
     assert status == 431
     assert_openai_error(status, headers, body, "request_header_fields_too_large")
-    faults.note(
-        faults.FaultOutcome(
-            "64 KB of headers", stack.name, 1, 0, time.monotonic() - started, "431 JSON"
-        )
+    outcomes.record_fault(
+        "64 KB of headers", stack.name, 1, 0, time.monotonic() - started, "431 JSON"
     )
 
 
@@ -247,9 +247,7 @@ def test_a_20_kb_path_is_a_414(stack: Stack) -> None:
 
     assert status == 414
     assert_openai_error(status, headers, body, "uri_too_long")
-    faults.note(
-        faults.FaultOutcome("20 KB path", stack.name, 1, 0, time.monotonic() - started, "414 JSON")
-    )
+    outcomes.record_fault("20 KB path", stack.name, 1, 0, time.monotonic() - started, "414 JSON")
 
 
 def test_a_slowloris_connection_is_closed_after_the_header_timeout(stack: Stack) -> None:
@@ -269,9 +267,11 @@ def test_a_slowloris_connection_is_closed_after_the_header_timeout(stack: Stack)
 
     assert closed_after is not None, "the connection was still open"
     assert closed_after < HEADER_TIMEOUT_S + 2
-    faults.note(
-        faults.FaultOutcome(
-            "slowloris (1 header byte / 0.25 s)", stack.name, 1, 0, closed_after,
-            f"closed after {closed_after:.1f} s (header timeout {HEADER_TIMEOUT_S:g} s)",
-        )
-    )  # fmt: skip
+    outcomes.record_fault(
+        "slowloris (1 header byte / 0.25 s)",
+        stack.name,
+        1,
+        0,
+        closed_after,
+        f"closed after {closed_after:.1f} s (header timeout {HEADER_TIMEOUT_S:g} s)",
+    )
