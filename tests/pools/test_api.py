@@ -38,6 +38,29 @@ def test_an_owner_creates_a_pool_and_gets_its_model_name(owner: APIClient) -> No
     assert Pool.objects.get(slug="chat").strategy == "least_busy"
 
 
+def test_a_pool_has_upstream_timeouts_and_an_ejection_cap_with_defaults(owner: APIClient) -> None:
+    created = owner.post("/api/v1/pools/", {"slug": "chat", "name": "Chat"}, format="json")
+
+    response = owner.patch(
+        "/api/v1/pools/chat/",
+        {"first_byte_timeout_s": 5, "stream_idle_timeout_s": 0, "max_ejection_percent": 101},
+        format="json",
+    )
+
+    defaults = {key: created.json()[key] for key in (
+        "first_byte_timeout_s", "first_token_timeout_s", "stream_idle_timeout_s",
+        "max_ejection_percent",
+    )}  # fmt: skip
+    assert defaults == {
+        "first_byte_timeout_s": 60.0,
+        "first_token_timeout_s": 120.0,
+        "stream_idle_timeout_s": 60.0,
+        "max_ejection_percent": 50,
+    }
+    assert response.status_code == 400
+    assert set(response.json()) == {"stream_idle_timeout_s", "max_ejection_percent"}
+
+
 def test_a_pool_is_looked_up_by_slug_with_its_targets_embedded(teammate: APIClient) -> None:
     pool = make_pool("chat")
     make_target(pool, "backup", priority=2)
