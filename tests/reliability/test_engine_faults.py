@@ -161,7 +161,8 @@ def test_an_engine_that_hangs_before_headers_is_ejected_within_the_timeout(
     assert all("first-byte timeout (1 s)" in a.error()["message"] for a in failed)
     assert 1 <= len(failed) <= 3 + 4  # three to eject it, and those already on their way
     assert all(a.target == "good" and a.done for a in answers if a.status == 200)
-    assert all(a.elapsed_s < SHORT_TIMEOUT_S + 1.5 for a in answers)
+    # One first-byte timeout at most, plus a loaded machine's scheduling: never the 600 s.
+    assert all(a.elapsed_s < SHORT_TIMEOUT_S + 4 for a in answers)
     timed_out = [r for r in records if r.target_name == "hung"]
     assert timed_out
     assert all("first-byte timeout (1 s) passed" in r.failure_reason for r in timed_out)
