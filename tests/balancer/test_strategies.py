@@ -178,7 +178,7 @@ def test_when_every_eligible_target_is_full_the_caller_queues():
     [
         [],
         [target(1, enabled=False)],
-        [target(1, circuit_open=True), target(2, kinds=frozenset({"embeddings"}))],
+        [target(1, health=Health.UNHEALTHY), target(2, kinds=frozenset({"embeddings"}))],
     ],
 )
 def test_nothing_eligible_is_not_a_reason_to_queue(targets):

@@ -189,6 +189,8 @@ def test_a_stream_that_stalls_ends_with_an_error_event_and_the_target_is_ejected
         started = time.monotonic()
         answers = w.burst(30, workers=4, stream=True, max_tokens=6)
         took = time.monotonic() - started
+        # The engine was told: the gateway closed each stalled stream's connection.
+        wait_until(lambda: w.engines["stalls"].stats()["requests_hanging"] == 0, timeout_s=5)
 
     stalled = [a for a in answers if not a.done]
     assert stalled, "no stream met the stalling engine"

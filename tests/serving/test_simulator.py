@@ -545,6 +545,40 @@ def test_cut_stream_after_ends_the_stream_without_done(faulty: Simulator) -> Non
     assert len(deltas[1:]) == 3
 
 
+def test_stall_stream_after_sends_tokens_then_goes_silent_until_the_client_leaves(
+    faulty: Simulator,
+) -> None:
+    faulty.set_faults(stall_stream_after=2)
+    body = chat_body(max_tokens=10, stream=True)
+    lines: list[str] = []
+
+    with (
+        pytest.raises(httpx.ReadTimeout),
+        http.stream(
+            "POST", f"{faulty.base_url}/chat/completions", json=body, timeout=0.5
+        ) as response,
+    ):
+        for line in response.iter_lines():
+            lines.append(line)
+
+    deltas = [json.loads(payload)["choices"][0]["delta"] for payload in sse_payloads(lines)]
+    assert len([delta for delta in deltas if delta.get("content")]) == 2
+    wait_for(lambda: faulty.stats()["requests_hanging"] == 0, timeout=1)
+
+
+def test_a_prompt_with_a_lone_surrogate_fails_with_500_as_engines_do(fast: Simulator) -> None:
+    body = json.dumps(chat_body(content="broken \ud800 prompt"))
+
+    response = http.post(
+        f"{fast.base_url}/chat/completions",
+        content=body,
+        headers={"Content-Type": "application/json"},
+    )
+
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error"
+
+
 def test_fail_health_fails_only_the_health_check(faulty: Simulator) -> None:
     faulty.set_faults(fail_health=True)
     health = http.get(f"{faulty.root_url}/health")
@@ -598,6 +632,7 @@ def test_fault_api_validates_reports_and_clears(faulty: Simulator) -> None:
         "error_codes": [429, 500, 503],
         "hang": False,
         "cut_stream_after": None,
+        "stall_stream_after": None,
         "fail_health": False,
         "refuse_connections": False,
         "slow_start_s": 0.0,
