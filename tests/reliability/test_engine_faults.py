@@ -173,7 +173,7 @@ def test_an_engine_that_hangs_before_headers_is_ejected_within_the_timeout(
         len(answers),
         len(failed),
         ejected_after,
-        f"{len(failed)} × 504 after the 1 s first-byte timeout, then ejected; "
+        f"{len(failed)} × 504 after the 1 s first-byte timeout, then none sent to it; "
         f"the rest served by the other ({took:.1f} s for all)",
     )
 
@@ -209,7 +209,7 @@ def test_a_stream_that_stalls_ends_with_an_error_event_and_the_target_is_ejected
         len(stalled),
         max(a.finished for a in stalled) - started,
         f"{len(stalled)} streams ended with an error event after the 1 s idle timeout, "
-        f"then ejected ({took:.1f} s for all)",
+        f"then none sent to it ({took:.1f} s for all)",
     )
 
 
