@@ -93,6 +93,40 @@ async def test_a_body_within_the_limit_and_its_framing_reaches_django(
     assert start["status"] == 404
 
 
+async def test_a_chunked_body_past_the_limit_is_cut_off_as_it_arrives_and_refused(
+    settings: Settings,
+) -> None:
+    settings.NEXUS_MAX_BODY_BYTES = 4 * MIB
+    sent: list[dict[str, Any]] = []
+    offered = 0
+
+    async def receive() -> dict[str, Any]:
+        # An endless chunked body, a MiB at a time: only the guard can end it.
+        nonlocal offered
+        offered += 1
+        assert offered <= 100, "the application kept reading past the limit"
+        return {"type": "http.request", "body": b"x" * MIB, "more_body": True}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/api/v1/pools/", "raw_path": b"/api/v1/pools/",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"host", b"127.0.0.1"), (b"transfer-encoding", b"chunked")],
+    }  # fmt: skip
+    await application(scope, receive, send)
+
+    start, body = sent
+    assert start["status"] == 413
+    assert (b"connection", b"close") in start["headers"]
+    assert "NEXUS_MAX_BODY_BYTES" in json.loads(body["body"])["detail"]
+    # The chunk that passed the limit was the last one read.
+    assert offered == 5
+
+
 @contextmanager
 def running_uvicorn(tmp_dir: Path) -> Iterator[str]:
     """Run uvicorn with Nexus's ASGI application until the block ends; yield its URL."""

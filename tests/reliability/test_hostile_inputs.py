@@ -179,6 +179,44 @@ def test_an_unauthenticated_300_mib_chunked_upload_is_refused_before_its_body(
     )
 
 
+def test_an_anonymous_300_mib_chunked_body_to_the_admin_api_stops_at_the_body_limit(
+    stack: Stack,
+) -> None:
+    # Django reads a body before its authentication runs: the limit must hold without a token.
+    sock = connect(stack)
+    sock.sendall(
+        b"POST /api/v1/pools/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    started = time.monotonic()
+    chunk = b"%x\r\n" % MIB + b"x" * MIB + b"\r\n"
+    sent = 0
+    try:
+        while sent < 300 * MIB:
+            sock.sendall(chunk)
+            sent += MIB
+    except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        pass  # the server closed the connection: the point
+    refused_after = time.monotonic() - started
+    status, headers, body = read_answer(sock)
+    sock.close()
+
+    assert status == 413, body
+    assert headers["content-type"] == "application/json"
+    assert "NEXUS_MAX_BODY_BYTES" in json.loads(body)["detail"]
+    # The 16 MiB limit, plus what the kernel's socket buffers took before the close.
+    assert sent <= 16 * MIB + 32 * MIB, f"{sent / MIB:.0f} MiB were accepted before the refusal"
+    assert list(stack.tmp_dir.iterdir()) == []
+    outcomes.record_fault(
+        "300 MiB chunked body to /api/v1/, no token",
+        stack.name,
+        1,
+        0,
+        refused_after,
+        f"413 JSON after {sent / MIB:.0f} MiB sent (the 16 MiB limit and socket buffers)",
+    )
+
+
 def test_a_declared_1_gib_body_is_refused_at_once(stack: Stack) -> None:
     sock = connect(stack)
     started = time.monotonic()
