@@ -43,6 +43,10 @@ REDIS_MAX_CONNECTIONS = 32
 # one attempt makes while requests keep changing what this process holds.
 RECONNECT_INTERVAL_S = 1.0
 RECONCILE_ROUNDS = 5
+# After its outage, how long a process still keeps to its share: the other processes write their
+# leases back within about a reconnect interval of each other, and until they have, the shared
+# counts miss theirs.
+SETTLE_AFTER_OUTAGE_S = 3 * RECONNECT_INTERVAL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +457,8 @@ class RedisLedger:
         self._outage_began = 0.0
         self._outage_processes = 1
         self._last_reconnect = 0.0
+        # Until then (monotonic), the share still bounds admissions after an outage.
+        self._settling_until = 0.0
         self._unreleased: dict[str, Lease] = {}
 
     def key(self, target_id: int) -> str:
@@ -462,6 +468,12 @@ class RedisLedger:
     async def try_acquire(self, target_id: int, capacity: int) -> Lease | None:
         if self._outage_since is not None:
             return self._acquire_locally(target_id, capacity)
+        if time.monotonic() < self._settling_until and self._mine[target_id] >= self._share(
+            capacity
+        ):
+            # Just back from an outage: other processes may not have written their leases back
+            # yet, so Redis undercounts; the share still bounds this process meanwhile.
+            return None
         lease = Lease(target_id, self._ids.next())
         # Shielded: if the caller is cancelled (client gone) after Redis granted the lease, the
         # grant still arrives here and is released at once instead of holding a slot for a TTL.
@@ -662,11 +674,15 @@ class RedisLedger:
         # No await: atomic on the event loop, like the memory ledger. At least one slot each, so
         # that a target smaller than the number of processes still serves (over by at most
         # processes - capacity while Redis is away).
-        if self._mine[target_id] >= max(1, capacity // self._outage_processes):
+        if self._mine[target_id] >= self._share(capacity):
             return None
         lease = Lease(target_id, self._ids.next())
         self._hold(lease)
         return lease
+
+    def _share(self, capacity: int) -> int:
+        """Return the slots of a target this process may hold on its own: at least one."""
+        return max(1, capacity // self._outage_processes)
 
     def _begin_outage(self) -> None:
         if self._outage_since is not None:
@@ -738,6 +754,7 @@ class RedisLedger:
         )
         self._unreleased.clear()
         self._outage_since = None
+        self._settling_until = time.monotonic() + SETTLE_AFTER_OUTAGE_S
 
     def _learn(self, target_id: int, count: int, at: int) -> None:
         # Concurrent calls answer in any order: keep the count Redis computed last.

@@ -249,3 +249,33 @@ async def test_slots_taken_and_given_back_while_the_ledger_reconnects_are_counte
             )
         finally:
             await ledger.aclose()
+
+
+async def test_a_process_back_from_an_outage_keeps_to_its_share_until_the_others_are_back(
+    tmp_path: Path,
+) -> None:
+    # Given two processes that each hold their share (2 of 4) from their outage
+    with own_redis(tmp_path) as own:
+        one = RedisLedger(own.url, prefix="settle", processes=lambda: 2)
+        two = RedisLedger(own.url, prefix="settle", processes=lambda: 2)
+        try:
+            own.kill()
+            held = [await ledger.try_acquire(TARGET, CAPACITY) for ledger in (one, one, two, two)]
+            assert all(held)
+            own.start()
+            await asyncio.sleep(RECONNECT_INTERVAL_S)
+
+            # When the first is back on Redis before the second has written its leases back
+            await one.refresh([TARGET])
+            assert one.status().outage_since is None
+            assert two.status().outage_since is not None
+
+            # Then it takes no more than its share, though Redis counts only its own two
+            assert await one.try_acquire(TARGET, CAPACITY) is None
+            # and once both are back, Redis counts all four: the target is full for both
+            await two.refresh([TARGET])
+            assert own.client().zcard(f"settle:ledger:target:{TARGET}") == CAPACITY
+            assert await two.try_acquire(TARGET, CAPACITY) is None
+        finally:
+            await one.aclose()
+            await two.aclose()
