@@ -39,8 +39,14 @@ log = logging.getLogger(__name__)
 REDIS_SOCKET_TIMEOUT_S = 1.0
 # Connections this process may open to Redis; more concurrent calls wait for a free one.
 REDIS_MAX_CONNECTIONS = 32
-# During an outage, how often the background refresh tries Redis again.
+# During an outage, how often the background refresh tries Redis again, and how many write-backs
+# one attempt makes while requests keep changing what this process holds.
 RECONNECT_INTERVAL_S = 1.0
+RECONCILE_ROUNDS = 5
+# After its outage, how long a process still keeps to its share: the other processes write their
+# leases back within about a reconnect interval of each other, and until they have, the shared
+# counts miss theirs.
+SETTLE_AFTER_OUTAGE_S = 3 * RECONNECT_INTERVAL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,6 +457,8 @@ class RedisLedger:
         self._outage_began = 0.0
         self._outage_processes = 1
         self._last_reconnect = 0.0
+        # Until then (monotonic), the share still bounds admissions after an outage.
+        self._settling_until = 0.0
         self._unreleased: dict[str, Lease] = {}
 
     def key(self, target_id: int) -> str:
@@ -460,6 +468,12 @@ class RedisLedger:
     async def try_acquire(self, target_id: int, capacity: int) -> Lease | None:
         if self._outage_since is not None:
             return self._acquire_locally(target_id, capacity)
+        if time.monotonic() < self._settling_until and self._mine[target_id] >= self._share(
+            capacity
+        ):
+            # Just back from an outage: other processes may not have written their leases back
+            # yet, so Redis undercounts; the share still bounds this process meanwhile.
+            return None
         lease = Lease(target_id, self._ids.next())
         # Shielded: if the caller is cancelled (client gone) after Redis granted the lease, the
         # grant still arrives here and is released at once instead of holding a slot for a TTL.
@@ -660,11 +674,15 @@ class RedisLedger:
         # No await: atomic on the event loop, like the memory ledger. At least one slot each, so
         # that a target smaller than the number of processes still serves (over by at most
         # processes - capacity while Redis is away).
-        if self._mine[target_id] >= max(1, capacity // self._outage_processes):
+        if self._mine[target_id] >= self._share(capacity):
             return None
         lease = Lease(target_id, self._ids.next())
         self._hold(lease)
         return lease
+
+    def _share(self, capacity: int) -> int:
+        """Return the slots of a target this process may hold on its own: at least one."""
+        return max(1, capacity // self._outage_processes)
 
     def _begin_outage(self) -> None:
         if self._outage_since is not None:
@@ -679,30 +697,54 @@ class RedisLedger:
         )
 
     async def _try_reconnect(self, target_ids: list[int]) -> None:
-        """Write this process's leases back to Redis and end the outage, if Redis answers."""
+        """Write this process's leases back to Redis and end the outage, if Redis answers.
+
+        Requests keep taking and releasing slots locally while a write-back is on its way, so
+        it is repeated for what changed meanwhile, until one finds nothing left to write; the
+        outage ends right then, with no await in between.
+        """
         now = time.monotonic()
         if now - self._last_reconnect < RECONNECT_INTERVAL_S:
             return
         self._last_reconnect = now
-        held: dict[int, list[str]] = defaultdict(list)
-        for lease in self._held.values():
-            held[lease.target_id].append(lease.lease_id)
-        released: dict[int, list[str]] = defaultdict(list)
-        for lease in self._unreleased.values():
-            released[lease.target_id].append(lease.lease_id)
-        ids = list(dict.fromkeys([*target_ids, *held, *released]))
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for target_id in ids:
-                    args: list[str | int] = [self._ttl_ms, *held[target_id], "-"]
-                    args += released[target_id]
-                    await self._reclaim(keys=[self.key(target_id)], args=args, client=pipe)
-                counts = await pipe.execute()
-        except (RedisError, OSError):
-            return
-        for target_id, (count, at) in zip(ids, counts, strict=True):
-            self._count_times.pop(target_id, None)
-            self._learn(target_id, count, at)
+        written: set[str] = set()  # held leases written back
+        removed: set[str] = set()  # released leases removed
+        reached = False
+        ids = list(dict.fromkeys(target_ids))
+        for _ in range(RECONCILE_ROUNDS):
+            held: dict[int, list[str]] = defaultdict(list)
+            for lease in self._held.values():
+                if lease.lease_id not in written:
+                    held[lease.target_id].append(lease.lease_id)
+            released: dict[int, list[str]] = defaultdict(list)
+            for lease in self._unreleased.values():
+                if lease.lease_id not in removed:
+                    released[lease.target_id].append(lease.lease_id)
+            ids = list(dict.fromkeys([*ids, *held, *released]))
+            if not ids and reached:
+                break
+            try:
+                if not ids:  # nothing to write: whether Redis answers is all there is to learn
+                    await self._redis.ping()
+                    break
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for target_id in ids:
+                        args: list[str | int] = [self._ttl_ms, *held[target_id], "-"]
+                        args += released[target_id]
+                        await self._reclaim(keys=[self.key(target_id)], args=args, client=pipe)
+                    counts = await pipe.execute()
+            except (RedisError, OSError):
+                return
+            reached = True
+            for target_id, (count, at) in zip(ids, counts, strict=True):
+                self._count_times.pop(target_id, None)
+                self._learn(target_id, count, at)
+            written.update(lease_id for lease_ids in held.values() for lease_id in lease_ids)
+            removed.update(lease_id for lease_ids in released.values() for lease_id in lease_ids)
+            # Only what changed during this round is left for the next one.
+            ids = []
+        else:
+            return  # still changing: the next attempt writes the rest
         log.warning(
             "load ledger: Redis reachable again after %.1f s; wrote back %d held leases,"
             " removed %d released meanwhile",
@@ -712,6 +754,7 @@ class RedisLedger:
         )
         self._unreleased.clear()
         self._outage_since = None
+        self._settling_until = time.monotonic() + SETTLE_AFTER_OUTAGE_S
 
     def _learn(self, target_id: int, count: int, at: int) -> None:
         # Concurrent calls answer in any order: keep the count Redis computed last.

@@ -7,6 +7,7 @@ own on a Unix socket, killed with SIGKILL and started again empty, as a crash wo
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ import redis
 
 from nexus import embedded_redis
 from nexus.models import ApiToken
+from pools.gateway.ledger import RECONNECT_INTERVAL_S, RedisLedger
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
@@ -29,6 +31,7 @@ from tests.support.live import LiveServer, running_nexus, wait_until
 from tests.support.simulator import Simulator, running_simulator
 from tests.support.traffic import Answer, chat_body, send
 
+TARGET = 1
 CAPACITY = 4  # the target's; two gateways take 2 each while Redis is away
 CLIENTS = 6  # more than the capacity, so that the target stays full and requests queue
 BEFORE_S, OUTAGE_S, AFTER_S = 3.0, 5.0, 4.0
@@ -210,3 +213,69 @@ def test_two_gateways_serve_through_a_redis_crash_without_errors_or_overload(
         assert log.count("Redis unreachable; admitting") == 1, log[-3000:]
         assert log.count("Redis reachable again") == 1, log[-3000:]
     assert leases
+
+
+async def test_slots_taken_and_given_back_while_the_ledger_reconnects_are_counted_right(
+    tmp_path: Path,
+) -> None:
+    # Given a ledger that served two requests from its share while Redis was down
+    with own_redis(tmp_path) as own:
+        ledger = RedisLedger(own.url, prefix="reconnect", processes=lambda: 1)
+        try:
+            before = await ledger.try_acquire(TARGET, CAPACITY)  # Redis is up
+            assert before is not None
+            own.kill()
+            first = await ledger.try_acquire(TARGET, CAPACITY)
+            second = await ledger.try_acquire(TARGET, CAPACITY)
+            assert first is not None and second is not None
+            assert ledger.status().outage_since is not None
+            own.start()  # empty, as after a crash
+            await asyncio.sleep(RECONNECT_INTERVAL_S)
+
+            # When one request ends, and another begins, while the leases are being written back
+            reconnecting = asyncio.create_task(ledger.refresh([TARGET]))
+            await asyncio.sleep(0)
+            await ledger.release(first)
+            third = await ledger.try_acquire(TARGET, CAPACITY)
+            await reconnecting
+
+            # Then Redis holds exactly the three requests still running (the one from before
+            # the outage, the second and the third): nothing released, nothing missing
+            assert ledger.status().outage_since is None
+            assert third is not None
+            leases = own.client().zrange(f"reconnect:ledger:target:{TARGET}", 0, -1)
+            assert sorted(lease.decode() for lease in leases) == sorted(
+                lease.lease_id for lease in (before, second, third)
+            )
+        finally:
+            await ledger.aclose()
+
+
+async def test_a_process_back_from_an_outage_keeps_to_its_share_until_the_others_are_back(
+    tmp_path: Path,
+) -> None:
+    # Given two processes that each hold their share (2 of 4) from their outage
+    with own_redis(tmp_path) as own:
+        one = RedisLedger(own.url, prefix="settle", processes=lambda: 2)
+        two = RedisLedger(own.url, prefix="settle", processes=lambda: 2)
+        try:
+            own.kill()
+            held = [await ledger.try_acquire(TARGET, CAPACITY) for ledger in (one, one, two, two)]
+            assert all(held)
+            own.start()
+            await asyncio.sleep(RECONNECT_INTERVAL_S)
+
+            # When the first is back on Redis before the second has written its leases back
+            await one.refresh([TARGET])
+            assert one.status().outage_since is None
+            assert two.status().outage_since is not None
+
+            # Then it takes no more than its share, though Redis counts only its own two
+            assert await one.try_acquire(TARGET, CAPACITY) is None
+            # and once both are back, Redis counts all four: the target is full for both
+            await two.refresh([TARGET])
+            assert own.client().zcard(f"settle:ledger:target:{TARGET}") == CAPACITY
+            assert await two.try_acquire(TARGET, CAPACITY) is None
+        finally:
+            await one.aclose()
+            await two.aclose()
