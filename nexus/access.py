@@ -8,10 +8,10 @@ an admin token acts with the rights of the user who issued it, read-only when it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from rest_framework import exceptions, permissions
 from rest_framework.request import Request
 
@@ -20,6 +20,8 @@ from nexus.models import Membership, Project, Role
 User = AbstractBaseUser | AnonymousUser
 
 CHANGING_ROLES = (Role.OWNER, Role.MEMBER)
+
+Row = TypeVar("Row", bound=Model)
 
 
 def is_staff(user: Any) -> bool:
@@ -33,6 +35,21 @@ def visible_projects(user: Any) -> QuerySet[Project]:
     if not user.is_authenticated:
         return Project.objects.none()
     return Project.objects.filter(memberships__user=user)
+
+
+def in_visible_projects(user: Any, found: QuerySet[Row]) -> QuerySet[Row]:
+    """Keep the rows that name their project (services, model folders) the user sees.
+
+    Staff see every row, those naming no existing project too.
+    """
+    if is_staff(user):
+        return found
+    return found.filter(project__in=visible_projects(user).values_list("name", flat=True))
+
+
+def sees_named_project(user: Any, project_name: str) -> bool:
+    """Say whether the user sees what names this project (staff: whatever it names)."""
+    return is_staff(user) or visible_projects(user).filter(name=project_name).exists()
 
 
 def changeable_projects(user: Any) -> QuerySet[Project]:

@@ -31,6 +31,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """Return the page's live parts as they are now, rendered out of band."""
         raise NotImplementedError
 
+    def hears_pushes(self, user: Any) -> bool:
+        """Say whether the user's socket joins the topic's groups (else it gets only `current`)."""
+        return True
+
     async def connect(self) -> None:
         self.joined: list[str] = []
         self.pending: dict[str, str] = {}
@@ -47,7 +51,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return
         audience = live.audience_of(user)
         # Joined before the current state is read: a change made meanwhile is pushed after it.
-        self.joined = [live.group(topic), live.group(topic, audience)]
+        if self.hears_pushes(user):
+            self.joined = [live.group(topic), live.group(topic, audience)]
         for name in self.joined:
             await self.channel_layer.group_add(name, self.channel_name)
         await self.accept()

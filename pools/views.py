@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from nexus import live, scopes
+from nexus import access, live, scopes
 from nexus.auth import TokenRefused, acting_user, bearer_token
 from nexus.models import ApiToken
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment
@@ -28,24 +28,33 @@ def with_targets() -> QuerySet[Pool]:
     return Pool.objects.prefetch_related("targets__node")
 
 
-def pools_table_context(audience: live.Audience) -> dict[str, Any]:
+def visible_pools(user: Any) -> QuerySet[Pool]:
+    """Return the pools of the user's projects (staff: all), as `with_targets` does."""
+    if access.is_staff(user):
+        return with_targets()
+    return with_targets().filter(project__in=access.visible_projects(user))
+
+
+def pools_table_context(pools: QuerySet[Pool], audience: live.Audience) -> dict[str, Any]:
     """Return what the pools-table partial needs, for the page and for live pushes alike."""
-    return {"pools": with_targets(), "can_manage": audience == "manage"}
+    return {"pools": pools, "can_manage": audience == "manage"}
 
 
 @require_GET
 @login_required
 def pool_list(request: HtmxHttpRequest) -> HttpResponse:
     """Render the pools page, or only its table for an htmx request."""
-    context = pools_table_context(live.audience_of(request.user))
+    user = request.user
+    context = pools_table_context(visible_pools(user), live.audience_of(user))
     return render_page_or_fragment(request, POOL_LIST, POOLS_TABLE, context)
 
 
 @require_GET
 @login_required
 def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    """Render one pool's settings and targets, and how to call it."""
-    pool = get_object_or_404(with_targets(), slug=slug)
+    """Render one pool's settings and targets, and how to call it (404 outside the user's
+    projects, so that no name leaks)."""
+    pool = get_object_or_404(visible_pools(request.user), slug=slug)
     # Only a prefix to recognise each by: a token's secret is never stored.
     tokens = [
         token

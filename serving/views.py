@@ -9,7 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -23,6 +23,7 @@ from django.template.defaultfilters import filesizeformat
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from nexus import access
 from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from nexus.ui.format import count
@@ -51,6 +52,14 @@ def files_context(folder: ModelFolder) -> dict[str, Any]:
         return {"folder": folder, "listing": None, "problem": str(problem)}
 
 
+def folder_or_404(
+    request: HttpRequest, name: str, folders: QuerySet[ModelFolder] | None = None
+) -> ModelFolder:
+    """Return the model folder of that name in the user's projects, or answer 404."""
+    found = ModelFolder.objects.all() if folders is None else folders
+    return get_object_or_404(access.in_visible_projects(request.user, found), name=name)
+
+
 @require_http_methods(["GET", "POST"])
 @login_required
 def model_folder_list(request: HtmxHttpRequest) -> HttpResponse:
@@ -75,7 +84,9 @@ def model_folder_list(request: HtmxHttpRequest) -> HttpResponse:
         "section": SECTION,
         "form": form,
         "created": created,
-        "folders": ModelFolder.objects.select_related("owner"),
+        "folders": access.in_visible_projects(
+            request.user, ModelFolder.objects.select_related("owner")
+        ),
     }
     return render_page_or_fragment(request, FOLDER_LIST, FOLDERS_SECTION, context)
 
@@ -84,7 +95,7 @@ def model_folder_list(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 def model_folder_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a folder with its files, or only the files table for an htmx request."""
-    folder = get_object_or_404(ModelFolder.objects.select_related("owner"), name=name)
+    folder = folder_or_404(request, name, ModelFolder.objects.select_related("owner"))
     context = {"section": SECTION, **files_context(folder)}
     if request.user.is_staff and not request.htmx:
         # Said in the delete dialog before anyone tries.
@@ -99,7 +110,7 @@ def model_folder_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @login_required
 def model_folder_upload(request: HttpRequest, name: str) -> HttpResponse:
     """Store an uploaded file in the folder, then show the folder."""
-    folder = get_object_or_404(ModelFolder, name=name)
+    folder = folder_or_404(request, name)
     require_staff(request, "change model folders")
     upload = folders.FolderUploadHandler(folder, request)
     request.upload_handlers = [upload]
@@ -128,7 +139,7 @@ def store_upload(request: HttpRequest, folder: ModelFolder) -> HttpResponse:
 @login_required
 def model_file(request: HttpRequest, name: str, path: str) -> HttpResponse:
     """Render a file of the folder: its text, or the facts of a binary file."""
-    folder = get_object_or_404(ModelFolder, name=name)
+    folder = folder_or_404(request, name)
     try:
         preview = folders.read_file(folder, path)
     except folders.FolderError as refused:
@@ -142,7 +153,7 @@ def model_file(request: HttpRequest, name: str, path: str) -> HttpResponse:
 @login_required
 def model_file_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Delete a file (or directory) of the folder; answer htmx with the refreshed files table."""
-    folder = get_object_or_404(ModelFolder, name=name)
+    folder = folder_or_404(request, name)
     require_staff(request, "change model folders")
     relative = request.POST.get("path", "")
     try:
@@ -162,7 +173,7 @@ def model_file_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @login_required
 def model_folder_delete(request: HttpRequest, name: str) -> HttpResponse:
     """Ask to confirm deleting the folder; delete it, with its files, on POST."""
-    folder = get_object_or_404(ModelFolder, name=name)
+    folder = folder_or_404(request, name)
     require_staff(request, "change model folders")
     if request.method == "POST":
         try:
@@ -247,9 +258,10 @@ def check_launch(form: ServiceLaunchForm, owner: User | None) -> LaunchCheck:
 def service_list(request: HttpRequest) -> HttpResponse:
     """Render the services of a tab: active (the default) or destroyed."""
     tab = "destroyed" if request.GET.get("tab") == "destroyed" else "active"
-    found = services.in_tab(
-        services.with_ready_counts(Service.objects.select_related("latest_revision")), tab
-    ).order_by("name", "id")
+    visible = access.in_visible_projects(
+        request.user, Service.objects.select_related("latest_revision")
+    )
+    found = services.in_tab(services.with_ready_counts(visible), tab).order_by("name", "id")
     rows = [{"service": s, "status": services.status_text(s)} for s in found]
     context = {"section": SERVICES_SECTION, "tab": tab, "rows": rows}
     return render(request, "serving/service_list.html", context)
@@ -281,8 +293,8 @@ def service_new(request: HttpRequest) -> HttpResponse:
 def service_edit(request: HttpRequest, name: str) -> HttpResponse:
     """Render the launcher filled in from the service's latest revision; on POST, apply it:
     a changed launch setting makes the next revision, which rolls out."""
+    service = service_or_404(request, name)
     require_staff(request, "change services")
-    service = service_or_404(name)
     if service.lifecycle != ServiceLifecycle.ACTIVE:
         messages.error(request, f"{service.name} is {service.get_lifecycle_display().lower()}.")
         return redirect("serving:service_detail", name=service.name)
@@ -313,7 +325,9 @@ def service_check(request: HttpRequest) -> HttpResponse:
     """Render the launcher's check of the form as it is now: problems, or what would run."""
     require_staff(request, "start services")
     editing = request.POST.get("editing")
-    form = ServiceLaunchForm(request.POST, editing=service_or_404(editing) if editing else None)
+    form = ServiceLaunchForm(
+        request.POST, editing=service_or_404(request, editing) if editing else None
+    )
     check = check_launch(form, acting_user(request))
     # The fields' own error slots are updated out of band, beside the check.
     return render(request, LAUNCH_CHECK, {"check": check, "form": form, "oob": True})
@@ -325,14 +339,17 @@ def service_variant_fields(request: HttpRequest) -> HttpResponse:
     """Render the launcher's fields for the variant (and Custom mode) chosen now."""
     require_staff(request, "start services")
     editing = request.POST.get("editing")
-    form = ServiceLaunchForm(request.POST, editing=service_or_404(editing) if editing else None)
+    form = ServiceLaunchForm(
+        request.POST, editing=service_or_404(request, editing) if editing else None
+    )
     return render(request, VARIANT_FIELDS, {"form": form})
 
 
-def service_or_404(name: str) -> Service:
-    """Return the service of that name (the live one first) or answer 404."""
+def service_or_404(request: HttpRequest, name: str) -> Service:
+    """Return the service of that name (the live one first) or answer 404, also when it is
+    outside the user's projects, so that no name leaks."""
     service = services.find_service(name)
-    if service is None:
+    if service is None or not access.sees_named_project(request.user, service.project):
         raise Http404(f"No service named {name!r}.")
     return service
 
@@ -378,7 +395,7 @@ def service_context(service: Service, *, finished_routes: bool = False) -> dict[
 @login_required
 def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Render a service, or only its live status section for an htmx request."""
-    service = service_or_404(name)
+    service = service_or_404(request, name)
     context = service_context(service, finished_routes=request.GET.get("routes") == "finished")
     if not request.htmx:
         context["issued"] = take_issued(request, service)
@@ -389,8 +406,8 @@ def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @login_required
 def service_scale(request: HttpRequest, name: str) -> HttpResponse:
     """Set how many replicas the service keeps."""
+    service = service_or_404(request, name)
     require_staff(request, "change services")
-    service = service_or_404(name)
     try:
         replicas = int(request.POST.get("desired_replicas", ""))
     except ValueError:
@@ -409,8 +426,8 @@ def service_scale(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 def route_clear_errors(request: HttpRequest, name: str, route_id: int) -> HttpResponse:
     """Forget a route's errors and retry it now."""
+    service = service_or_404(request, name)
     require_staff(request, "change services")
-    service = service_or_404(name)
     route = get_object_or_404(service.routes, pk=route_id)
     try:
         services.clear_route_errors(route, actor=acting_user(request))
@@ -425,8 +442,8 @@ def route_clear_errors(request: HttpRequest, name: str, route_id: int) -> HttpRe
 @login_required
 def service_delete(request: HttpRequest, name: str) -> HttpResponse:
     """Ask to confirm destroying the service; start destroying it on POST."""
+    service = service_or_404(request, name)
     require_staff(request, "delete services")
-    service = service_or_404(name)
     if request.method == "POST":
         try:
             services.delete_service(service)
@@ -443,8 +460,8 @@ def service_delete(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 def service_token_issue(request: HttpRequest, name: str) -> HttpResponse:
     """Issue a token for the service and show its secret, this once."""
+    service = service_or_404(request, name)
     require_staff(request, "issue tokens")
-    service = service_or_404(name)
     form = ServiceTokenForm(request.POST)
     if not form.is_valid():
         messages.error(request, " ".join(str(m) for errors in form.errors.values() for m in errors))
@@ -483,8 +500,8 @@ def take_issued(request: HttpRequest, service: Service) -> dict[str, Any] | None
 @login_required
 def service_token_revoke(request: HttpRequest, name: str, token_id: int) -> HttpResponse:
     """Revoke one of the service's tokens."""
+    service = service_or_404(request, name)
     require_staff(request, "revoke tokens")
-    service = service_or_404(name)
     token = next((t for t in tokens.service_tokens(service) if t.pk == token_id), None)
     if token is None:
         raise Http404(f"No token {token_id} for service {service.name!r}.")

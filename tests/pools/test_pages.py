@@ -6,6 +6,7 @@ import pytest
 from django.test import Client
 
 from tests.nexus.factories import make_pool, make_target, make_user
+from tests.support.personas import default_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -15,7 +16,7 @@ PROVIDER_KEY = "sk-provider-0123456789abcdef"
 @pytest.fixture
 def teammate() -> Client:
     client = Client()
-    client.force_login(make_user("teammate"))
+    client.force_login(default_viewer("teammate"))
     return client
 
 

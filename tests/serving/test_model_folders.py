@@ -18,6 +18,7 @@ from nexus.scopes import AdminAccess, TokenKind
 from serving import folders, services
 from serving.models import ModelFolder, Revision, Service, ServiceLifecycle
 from tests.nexus.factories import make_user
+from tests.support.personas import default_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -681,7 +682,7 @@ def test_the_page_says_why_an_upload_over_the_limit_was_refused(
 def test_a_teammate_cannot_change_folders_through_the_pages() -> None:
     folder = make_folder("llama", weights=b"1")
     browser = Client()
-    browser.force_login(make_user("teammate"))
+    browser.force_login(default_viewer("teammate"))
 
     responses = [
         browser.post("/serving/models/", {"name": "qwen", "project": "default"}),

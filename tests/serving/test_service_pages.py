@@ -19,6 +19,7 @@ from serving.models import Revision, Route, RouteState, Service, ServiceLifecycl
 from tests.deployments.factories import make_node
 from tests.nexus.factories import make_user
 from tests.serving.test_services_api import make_folder, make_service
+from tests.support.personas import default_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -49,7 +50,7 @@ def staff() -> Client:
 @pytest.fixture
 def member() -> Client:
     client = Client()
-    client.force_login(make_user("teammate"))
+    client.force_login(default_viewer("teammate"))
     return client
 
 

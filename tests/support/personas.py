@@ -18,7 +18,7 @@ from enum import StrEnum
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from nexus.models import ApiToken, Membership, Project, Role
+from nexus.models import DEFAULT_PROJECT, ApiToken, Membership, Project, Role
 from nexus.scopes import AdminAccess, TokenKind
 from tests.nexus.factories import make_user
 
@@ -37,6 +37,13 @@ class Persona(StrEnum):
 def add_member(project: Project, user: User, role: Role) -> Membership:
     """Give the user a role in the project."""
     return Membership.objects.create(project=project, user=user, role=role)
+
+
+def default_viewer(username: str) -> User:
+    """Create a user who reads the default project (where factories put pools and services)."""
+    user = make_user(username)
+    add_member(Project.objects.get_or_create(name=DEFAULT_PROJECT)[0], user, Role.VIEWER)
+    return user
 
 
 def bearer(secret: str) -> APIClient:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.test import Client
 
 from nexus.asgi import application
@@ -17,8 +18,13 @@ HOST = (b"host", b"127.0.0.1")
 
 def session_cookie(username: str, *, staff: bool = False) -> tuple[bytes, bytes]:
     """Return a Cookie header that signs in a new user."""
+    return cookie_of(make_user(username, staff=staff))
+
+
+def cookie_of(user: User) -> tuple[bytes, bytes]:
+    """Return a Cookie header that signs in the user."""
     client = Client()
-    client.force_login(make_user(username, staff=staff))
+    client.force_login(user)
     name = settings.SESSION_COOKIE_NAME
     return (b"cookie", f"{name}={client.cookies[name].value}".encode())
 
@@ -27,10 +33,15 @@ async def signed_in_socket(
     path: str, username: str, *, staff: bool = False
 ) -> WebsocketCommunicator:
     """Return a connected socket of a new user's page (disconnect it at the end)."""
-    cookie = await sync_to_async(session_cookie)(username, staff=staff)
+    return await socket_of(path, await sync_to_async(make_user)(username, staff=staff))
+
+
+async def socket_of(path: str, user: User) -> WebsocketCommunicator:
+    """Return a connected socket of the user's page (disconnect it at the end)."""
+    cookie = await sync_to_async(cookie_of)(user)
     socket = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, cookie])
     connected, _ = await socket.connect()
-    assert connected, f"{username} could not open {path}"
+    assert connected, f"{user.username} could not open {path}"
     return socket
 
 
