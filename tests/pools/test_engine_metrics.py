@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from pools.gateway.engine_metrics import STALE_AFTER_S, EngineLoads, metrics_url, parse_load
-from tests.support.simulator import Simulator, free_port, running_simulator
+from tests.support.ports import free_port
+from tests.support.simulator import Simulator, running_simulator
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -17,7 +17,8 @@ from django.utils import timezone
 from nexus.models import ApiToken
 from pools.models import Pool, Target
 from tests.support.live import LiveServer, running_nexus, wait_until
-from tests.support.simulator import Simulator, free_port, running_simulator
+from tests.support.ports import free_port
+from tests.support.simulator import Simulator, running_simulator
 
 
 @dataclass

@@ -19,7 +19,9 @@ from pools.gateway.app import Gateway
 from pools.gateway.ledger import LoadLedger, MemoryLedger, RedisLedger
 from pools.gateway.state import GatewayState
 from pools.models import Pool, Target
-from tests.support.simulator import Simulator, free_port, running_simulator
+from tests.support import asgi
+from tests.support.ports import free_port
+from tests.support.simulator import Simulator, running_simulator
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +35,11 @@ class Client:
 
     def __init__(self, body: dict[str, Any], token: str, *, hang_up: bool = False) -> None:
         raw = json.dumps(body).encode()
-        self.scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/chat/completions",
-            "headers": [
-                (b"authorization", f"Bearer {token}".encode()),
-                (b"content-type", b"application/json"),
-            ],
-        }
+        headers = [
+            (b"authorization", f"Bearer {token}".encode()),
+            (b"content-type", b"application/json"),
+        ]
+        self.scope = asgi.http_scope("POST", "/v1/chat/completions", headers)
         self.incoming: asyncio.Queue[dict] = asyncio.Queue()
         self.incoming.put_nowait({"type": "http.request", "body": raw, "more_body": False})
         self.sent: list[dict] = []

@@ -31,7 +31,8 @@ from pools.gateway.publish import GatewayReadings, TargetReading, decode, encode
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
 from tests.support.live import running_nexus, wait_until
-from tests.support.simulator import free_port, running_simulator
+from tests.support.ports import free_port
+from tests.support.simulator import running_simulator
 from tests.support.traffic import chat_body, send
 
 CONVERSATION = {"X-Nexus-Session-Id": "conversation-1"}

@@ -22,7 +22,8 @@ from pools.models import Pool, RoutingOutcome, RoutingRecord
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
 from tests.support.live import REPO_ROOT, LiveServer, server_environment, wait_until
-from tests.support.simulator import free_port, running_simulator
+from tests.support.ports import free_port
+from tests.support.simulator import running_simulator
 from tests.support.traffic import Answer, chat_body, send
 
 STREAMS = 8

@@ -17,7 +17,8 @@ import httpx
 from django.conf import settings
 from django.db import connection
 
-from tests.support.simulator import free_port
+from tests.support import processes
+from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -67,13 +68,7 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        processes.stop(self.process, timeout_s=10)
 
 
 def server_argv(server: str, port: int) -> list[str]:

@@ -23,7 +23,10 @@ from nodes.agent.errors import AgentError
 from nodes.agent.jobs import RESTARTED, STOPPED, JobRunner
 from nodes.agent.processes import ProcessManager, kill_all
 from tests.support.fileserver import serving_file, serving_files
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
+
+# The jobs under test create virtual environments and start runtimes: every test is live.
+pytestmark = pytest.mark.live
 
 # Every wait is bounded by this; a healthy run needs a fraction of it.
 WAIT_S = 30.0

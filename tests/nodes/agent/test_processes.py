@@ -26,7 +26,10 @@ from nodes.agent.processes import (
     ProcessManager,
     kill_all,
 )
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
+
+# The agent's process manager, under test here, starts the processes: every test is live.
+pytestmark = pytest.mark.live
 
 # Every wait is bounded by this; a healthy run needs a fraction of it.
 WAIT_S = 10.0

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 
 # Every wait is bounded by this; a healthy run needs a fraction of it.
 WAIT_S = 10.0
