@@ -26,8 +26,9 @@ from serving import folders
 from serving.models import ModelFolder
 from tests.nexus.factories import make_user
 from tests.support import asgi, processes
-from tests.support.live import REPO_ROOT, running_nexus, server_environment, wait_until
+from tests.support.live import REPO_ROOT, running_nexus, server_environment
 from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 MIB = 1024 * 1024
 GB = 1000**3

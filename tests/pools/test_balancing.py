@@ -34,10 +34,11 @@ from nexus.models import ApiToken
 from pools import services
 from pools.models import Pool, RoutingRecord, Target, TargetState
 from tests.nexus.factories import make_pool, make_target
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
 from tests.support.ports import free_port
 from tests.support.simulator import Simulator, running_simulators
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 # The gateway's upstream read timeout in this module (the default is 600 s).
 READ_TIMEOUT_S = 2

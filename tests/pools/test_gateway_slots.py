@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from pools.models import Pool, Target
 from tests.support import asgi
 from tests.support.ports import free_port
 from tests.support.simulator import Simulator, running_simulator
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +99,18 @@ async def test_no_slot_leaks_when_clients_leave_targets_fail_or_answer(
     for client in leaving:
         client.leave()
     await asyncio.wait_for(asyncio.gather(*calls), 10)
-    await asyncio.sleep(0.2)  # releases shielded from a hang-up finish in the background
-    await ledger.refresh([live, dead])
-    in_flight = (ledger.in_flight(live), ledger.in_flight(dead))
+
+    async def none_held() -> bool:
+        await ledger.refresh([live, dead])
+        return (ledger.in_flight(live), ledger.in_flight(dead)) == (0, 0)
+
+    # Releases shielded from a hang-up finish in the background: wait for them, not a while.
+    released = False
+    with contextlib.suppress(TimeoutError):  # then the assertion below says so, after cleanup
+        released = await eventually(none_held, timeout_s=5)
     await app.aclose()
     await upstream.close()
 
     assert [c.sent[0]["status"] for c in staying] == [200] * 6
-    assert in_flight == (0, 0)
+    assert released
     assert engine.stats()["requests_running"] == 0

@@ -38,8 +38,9 @@ from pools.models import Pool, RoutingRecord, Target
 from serving import tokens
 from serving.models import Service, ServiceLifecycle
 from tests.support import asgi
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
+from tests.support.waiting import wait_until
 
 REPLICA_CREDENTIAL = "sk-replica"
 DRIP_EVENTS = 5

@@ -32,8 +32,8 @@ from tests.support.launcher import (
     launcher_environment,
     process_tree,
 )
-from tests.support.live import wait_until
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 RECOVERY_TIMEOUT_S = 30.0
 

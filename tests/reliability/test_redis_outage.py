@@ -25,9 +25,10 @@ from nexus.models import ApiToken
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 CAPACITY = 4  # the target's; two gateways take 2 each while Redis is away
 CLIENTS = 6  # more than the capacity, so that the target stays full and requests queue

@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from django.db import connection
 
 from tests.support import processes
 from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -109,18 +109,3 @@ def _answers(server: LiveServer) -> bool:
         return httpx.get(f"{server.url}/healthz", timeout=2).status_code in (200, 503)
     except httpx.HTTPError:
         return False
-
-
-def wait_until(
-    probe: Callable[[], T], *, timeout_s: float = 10.0, what: Callable[[], str] | str = ""
-) -> T:
-    """Return probe()'s first truthy result, polling for at most timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            detail = what() if callable(what) else what
-            raise TimeoutError(f"condition not met in {timeout_s} s. {detail}")
-        time.sleep(0.05)
