@@ -647,6 +647,8 @@ def test_the_prompt_cache_key_and_the_user_field_also_keep_a_conversation_togeth
 # --- Queue --------------------------------------------------------------------------------------
 
 
+# Alone: it asserts the refusal comes within 0.5 s.
+@pytest.mark.serial
 def test_a_request_beyond_a_full_queue_gets_429_with_retry_after(world: World) -> None:
     with ThreadPoolExecutor(max_workers=4) as executor:
         holder = hold_slot(executor, world, "queue-full", tokens=25)
@@ -669,6 +671,8 @@ def test_a_request_beyond_a_full_queue_gets_429_with_retry_after(world: World) -
     assert (record.outcome, record.status_code, record.target_name) == ("queue_full", 429, "")
 
 
+# Alone: it asserts the 0.3 s queue timeout answers within 0.9 s.
+@pytest.mark.serial
 def test_a_request_that_gets_no_slot_within_its_queue_timeout_gets_503(world: World) -> None:
     with ThreadPoolExecutor(max_workers=2) as executor:
         holder = hold_slot(executor, world, "queue-timeout", tokens=25)
