@@ -51,10 +51,11 @@ test: check $(VENV)/.installed-llama
 	$(PY) -m pytest $(XDIST) -m "not serial"
 	$(PY) -m pytest -m serial
 
-## The unit tests only (no process, no network), side by side: the loop while you work.
+## The unit tests only (no process, no network), side by side: the loop while you work. The
+## few that measure time (`serial`) wait for `make test`.
 test-fast: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 test-fast: $(VENV)/.installed-dev
-	$(PY) -m pytest $(XDIST) -m unit
+	$(PY) -m pytest $(XDIST) -m "unit and not serial"
 
 ## Measure the gateway's and the agent's overhead, the simulator, the balancer (decisions, quality),
 ## and a one-minute soak of 500 concurrent streams through one gateway process.
