@@ -308,6 +308,8 @@ async def wait_for(probe: Callable[[], Awaitable[int]], *, expected: int) -> Non
     assert await probe() == expected
 
 
+# It connects to a closed loopback port, where Redis is not.
+@pytest.mark.live
 async def test_an_unreachable_redis_lets_limited_tokens_through_and_logs_the_outage_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

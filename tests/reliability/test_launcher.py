@@ -177,6 +177,8 @@ def _answers(url: str) -> bool:
         return False
 
 
+# The supervisor under test starts the child process.
+@pytest.mark.live
 def test_a_child_that_keeps_crashing_stops_the_launcher_naming_it(tmp_path: Path) -> None:
     # Given a supervised child that exits with status 3 as soon as it starts
     said: list[str] = []
