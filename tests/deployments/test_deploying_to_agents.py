@@ -21,8 +21,8 @@ from nodes import services as node_services
 from nodes.models import Node, NodeModel
 from tests.support.agent import RunningAgent, running_agent
 from tests.support.fileserver import FileServer, serving_file
-from tests.support.live import wait_until
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 from tests.support.worker import running_worker
 
 MIB = 1024 * 1024

@@ -29,8 +29,8 @@ from tests.deployments.factories import make_deployment, make_node
 from tests.deployments.test_deploying_to_agents import MIB, MODEL, deploy_file, fleet_node
 from tests.support.agent import running_agent
 from tests.support.fileserver import serving_file
-from tests.support.live import wait_until
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 from tests.support.worker import running_worker
 
 A_MINUTE_AGO = timedelta(seconds=services.STALLED_AFTER_S + 1)

@@ -12,7 +12,7 @@ from deployments import services, tasks
 from deployments.models import Deployment, DeploymentNode, DeploymentState, NodeState
 from nodes.models import Node, NodeStatus, NodeTrust
 from tests.deployments.factories import SHA256, make_deployment, make_node
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db
 

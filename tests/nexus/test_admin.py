@@ -222,6 +222,8 @@ def test_a_pool_is_added_with_an_inline_target_and_its_credential(owner: Client)
     assert target.get_credential() == PROVIDER_KEY
 
 
+# The actions reach the target's address (a closed loopback port).
+@pytest.mark.live
 def test_the_drain_and_resume_actions_change_a_targets_state(owner: Client) -> None:
     pool = make_pool("chat")
     target = make_target(pool, "gone", base_url="http://127.0.0.1:9/v1")

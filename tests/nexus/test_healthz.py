@@ -36,6 +36,8 @@ def test_it_reports_ok_once_the_worker_heartbeat_ran(client: Client) -> None:
     assert 0 <= body["worker"]["last_heartbeat_age_s"] < 5
 
 
+# It connects to a closed loopback port, where Redis is not.
+@pytest.mark.live
 @pytest.mark.django_db
 def test_it_reports_an_unreachable_redis_as_degraded_since_the_gateway_still_serves(
     client: Client, settings

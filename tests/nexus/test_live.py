@@ -64,7 +64,7 @@ async def test_a_push_after_a_quiet_second_goes_out_at_once(
     owner_socket: WebsocketCommunicator,
 ) -> None:
     await owner_socket.receive_from(timeout=5)
-    await asyncio.sleep(1.05)
+    await asyncio.sleep(1.05)  # the quiet second is the behaviour under test, not an ordering
     loop = asyncio.get_running_loop()
 
     pushed_at = loop.time()

@@ -6,7 +6,6 @@ otherwise reads a whole body before starting the application, and uvicorn.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import subprocess
@@ -26,8 +25,10 @@ from nexus.scopes import AdminAccess, TokenKind
 from serving import folders
 from serving.models import ModelFolder
 from tests.nexus.factories import make_user
-from tests.support.live import REPO_ROOT, running_nexus, server_environment, wait_until
-from tests.support.simulator import free_port
+from tests.support import asgi, processes
+from tests.support.live import REPO_ROOT, running_nexus, server_environment
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 MIB = 1024 * 1024
 GB = 1000**3
@@ -43,28 +44,8 @@ async def call(path: str, content_length: int, body: bytes | None = None) -> lis
 
     Without a body, reading the request fails the test: the answer must come unread.
     """
-    sent: list[dict[str, Any]] = []
-    bodies = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if body is None:
-            raise AssertionError("the application read the body")
-        if bodies:
-            return bodies.pop()
-        # The client stays connected until the answer is sent; Django then stops listening.
-        return await asyncio.Future()
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "root_path": "", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
-        "headers": [(b"host", b"127.0.0.1"), (b"content-length", str(content_length).encode())],
-    }  # fmt: skip
-    await application(scope, receive, send)
-    return sent
+    headers = [(b"content-length", str(content_length).encode())]
+    return await asgi.call(application, asgi.http_scope("POST", path, headers), body)
 
 
 async def test_a_body_declared_over_the_limit_is_refused_unread(
@@ -152,8 +133,7 @@ def running_uvicorn(tmp_dir: Path) -> Iterator[str]:
         wait_until(answers, timeout_s=30, what=log_path.read_text)
         yield url
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        processes.stop(process, timeout_s=10)
 
 
 @contextmanager

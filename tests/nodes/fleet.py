@@ -11,7 +11,7 @@ import httpx
 from nodes import services
 from nodes.models import Node
 from tests.support.agent import RunningAgent
-from tests.support.live import wait_until
+from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIM_MODEL = "sim-model"

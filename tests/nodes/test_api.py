@@ -13,7 +13,7 @@ from tests.nexus.factories import make_user
 from tests.nodes.fleet import SIM_MODEL, serve_simulator, stop_process, trusted_node
 from tests.support.agent import RunningAgent
 from tests.support.personas import bearer
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from nodes.agent.identity import fingerprint_of, verify_challenge
 from nodes.client import AgentClient, AgentRefused, AgentUnreachable
 from tests.nodes.fleet import SIM_MODEL, serve_simulator, stop_process
 from tests.support.agent import RunningAgent
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 
 WRONG = "not-the-node-secret"
 

@@ -17,7 +17,7 @@ from nexus import live
 from nodes import services
 from nodes.models import Node, NodeStatus
 from tests.deployments.factories import make_node
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 from tests.support.sockets import refusal, signed_in_socket
 
 

@@ -20,7 +20,8 @@ from nodes.models import Node, NodeStatus, NodeTrust
 from pools.models import Pool, Target
 from tests.nodes.fleet import SIM_MODEL, agent_args, serve_simulator
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from tests.nodes.fleet import (
     trusted_node,
 )
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db
 

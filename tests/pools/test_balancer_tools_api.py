@@ -9,7 +9,8 @@ from rest_framework.test import APIClient
 
 from pools.models import RoutingOutcome, RoutingRecord, Target, TargetState
 from tests.nexus.factories import make_pool, make_target
-from tests.support.simulator import Simulator, free_port, running_simulator
+from tests.support.ports import free_port
+from tests.support.simulator import Simulator, running_simulator
 
 pytestmark = pytest.mark.django_db
 

@@ -34,9 +34,11 @@ from nexus.models import ApiToken
 from pools import services
 from pools.models import Pool, RoutingRecord, Target, TargetState
 from tests.nexus.factories import make_pool, make_target
-from tests.support.live import LiveServer, running_nexus, wait_until
-from tests.support.simulator import Simulator, free_port, running_simulators
+from tests.support.live import LiveServer, running_nexus
+from tests.support.ports import free_port
+from tests.support.simulator import Simulator, running_simulators
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 # The gateway's upstream read timeout in this module (the default is 600 s).
 READ_TIMEOUT_S = 2
@@ -645,6 +647,8 @@ def test_the_prompt_cache_key_and_the_user_field_also_keep_a_conversation_togeth
 # --- Queue --------------------------------------------------------------------------------------
 
 
+# Alone: it asserts the refusal comes within 0.5 s.
+@pytest.mark.serial
 def test_a_request_beyond_a_full_queue_gets_429_with_retry_after(world: World) -> None:
     with ThreadPoolExecutor(max_workers=4) as executor:
         holder = hold_slot(executor, world, "queue-full", tokens=25)
@@ -667,6 +671,8 @@ def test_a_request_beyond_a_full_queue_gets_429_with_retry_after(world: World) -
     assert (record.outcome, record.status_code, record.target_name) == ("queue_full", 429, "")
 
 
+# Alone: it asserts the 0.3 s queue timeout answers within 0.9 s.
+@pytest.mark.serial
 def test_a_request_that_gets_no_slot_within_its_queue_timeout_gets_503(world: World) -> None:
     with ThreadPoolExecutor(max_workers=2) as executor:
         holder = hold_slot(executor, world, "queue-timeout", tokens=25)

@@ -23,9 +23,10 @@ from rest_framework.test import APIClient
 from nexus.models import ApiToken
 from pools.models import Pool, RoutingRecord, Target, TargetHealth
 from tests.nexus.factories import make_pool, make_target
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulators
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 # A configuration change reaches the gateway within its 1 s snapshot poll; with a margin.
 SNAPSHOT_DELAY_S = 1.5

@@ -10,7 +10,9 @@ import httpx
 import pytest
 
 from pools.gateway.engine_metrics import STALE_AFTER_S, EngineLoads, metrics_url, parse_load
-from tests.support.simulator import Simulator, free_port, running_simulator
+from tests.support.ports import free_port
+from tests.support.simulator import Simulator, running_simulator
+from tests.support.waiting import eventually
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -75,7 +77,12 @@ async def test_it_scrapes_a_real_engine_and_forgets_stale_readings(engine: Simul
             for _ in range(3)
         ]
         pending = [asyncio.ensure_future(request) for request in busy]
-        await asyncio.sleep(0.3)
+
+        async def all_arrived() -> bool:
+            stats = (await client.get(f"{engine.root_url}/sim/stats", timeout=5)).json()
+            return stats["requests_running"] + stats["requests_waiting"] == 3
+
+        await eventually(all_arrived, what="the three requests reach the engine")
         await loads.scrape(client, [(1, engine.base_url)])
         reading = loads.fresh(1, time.monotonic())
         await asyncio.gather(*pending)

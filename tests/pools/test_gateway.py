@@ -16,8 +16,10 @@ from django.utils import timezone
 
 from nexus.models import ApiToken
 from pools.models import Pool, Target
-from tests.support.live import LiveServer, running_nexus, wait_until
-from tests.support.simulator import Simulator, free_port, running_simulator
+from tests.support.live import LiveServer, running_nexus
+from tests.support.ports import free_port
+from tests.support.simulator import Simulator, running_simulator
+from tests.support.waiting import wait_until
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,7 +20,10 @@ from pools.gateway.app import Gateway
 from pools.gateway.ledger import LoadLedger, MemoryLedger, RedisLedger
 from pools.gateway.state import GatewayState
 from pools.models import Pool, Target
-from tests.support.simulator import Simulator, free_port, running_simulator
+from tests.support import asgi
+from tests.support.ports import free_port
+from tests.support.simulator import Simulator, running_simulator
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +37,11 @@ class Client:
 
     def __init__(self, body: dict[str, Any], token: str, *, hang_up: bool = False) -> None:
         raw = json.dumps(body).encode()
-        self.scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/chat/completions",
-            "headers": [
-                (b"authorization", f"Bearer {token}".encode()),
-                (b"content-type", b"application/json"),
-            ],
-        }
+        headers = [
+            (b"authorization", f"Bearer {token}".encode()),
+            (b"content-type", b"application/json"),
+        ]
+        self.scope = asgi.http_scope("POST", "/v1/chat/completions", headers)
         self.incoming: asyncio.Queue[dict] = asyncio.Queue()
         self.incoming.put_nowait({"type": "http.request", "body": raw, "more_body": False})
         self.sent: list[dict] = []
@@ -99,12 +99,18 @@ async def test_no_slot_leaks_when_clients_leave_targets_fail_or_answer(
     for client in leaving:
         client.leave()
     await asyncio.wait_for(asyncio.gather(*calls), 10)
-    await asyncio.sleep(0.2)  # releases shielded from a hang-up finish in the background
-    await ledger.refresh([live, dead])
-    in_flight = (ledger.in_flight(live), ledger.in_flight(dead))
+
+    async def none_held() -> bool:
+        await ledger.refresh([live, dead])
+        return (ledger.in_flight(live), ledger.in_flight(dead)) == (0, 0)
+
+    # Releases shielded from a hang-up finish in the background: wait for them, not a while.
+    released = False
+    with contextlib.suppress(TimeoutError):  # then the assertion below says so, after cleanup
+        released = await eventually(none_held, timeout_s=5)
     await app.aclose()
     await upstream.close()
 
     assert [c.sent[0]["status"] for c in staying] == [200] * 6
-    assert in_flight == (0, 0)
+    assert released
     assert engine.stats()["requests_running"] == 0

@@ -71,6 +71,9 @@ async def test_it_admits_exactly_capacity_of_200_concurrent_attempts(ledger: Loa
     assert ledger.in_flight(TARGET) == 10
 
 
+# 200 clients on one Redis connection pool: under other tests' load, waits for a connection
+# exceed its timeout.
+@pytest.mark.serial
 async def test_200_holders_cycling_at_once_never_exceed_capacity(ledger: LoadLedger) -> None:
     capacity = 4
     holding = 0
@@ -247,6 +250,8 @@ async def test_leases_live_under_the_configured_prefix(
         await client.aclose()
 
 
+# It connects to a closed loopback port, where Redis is not.
+@pytest.mark.live
 async def test_an_unreachable_redis_admits_from_this_process_share_of_the_capacity() -> None:
     ledger = RedisLedger("redis://127.0.0.1:1/0", prefix="unreachable", processes=lambda: 2)
     try:
@@ -303,6 +308,8 @@ async def wait_for(probe: Callable[[], Awaitable[int]], *, expected: int) -> Non
     assert await probe() == expected
 
 
+# It connects to a closed loopback port, where Redis is not.
+@pytest.mark.live
 async def test_an_unreachable_redis_lets_limited_tokens_through_and_logs_the_outage_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

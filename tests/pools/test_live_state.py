@@ -30,9 +30,11 @@ from pools.gateway import publish
 from pools.gateway.publish import GatewayReadings, TargetReading, decode, encode
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
-from tests.support.live import running_nexus, wait_until
-from tests.support.simulator import free_port, running_simulator
+from tests.support.live import running_nexus
+from tests.support.ports import free_port
+from tests.support.simulator import running_simulator
 from tests.support.traffic import chat_body, send
+from tests.support.waiting import wait_until
 
 CONVERSATION = {"X-Nexus-Session-Id": "conversation-1"}
 CIRCUIT_DETAIL = re.compile(r"circuit open: 3 consecutive failures; half-open trial in \d+\.\d s")

@@ -16,7 +16,7 @@ from nodes import services
 from pools.models import Pool
 from tests.deployments.factories import make_node
 from tests.nexus.factories import make_pool, make_target
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 from tests.support.sockets import refusal, signed_in_socket
 
 

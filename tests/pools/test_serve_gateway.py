@@ -7,7 +7,6 @@ The services' managed pools point straight at them (node-backed replicas are cov
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import threading
@@ -38,8 +37,10 @@ from pools.gateway.state import GatewayState
 from pools.models import Pool, RoutingRecord, Target
 from serving import tokens
 from serving.models import Service, ServiceLifecycle
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support import asgi
+from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
+from tests.support.waiting import wait_until
 
 REPLICA_CREDENTIAL = "sk-replica"
 DRIP_EVENTS = 5
@@ -624,28 +625,8 @@ def test_an_announced_revocation_alone_stops_the_token_in_the_server(
 
 async def _call(app: Gateway, path: str, token: str) -> list[dict]:
     """Drive the ASGI app as a server would and return what it sent."""
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"q=1",
-        "headers": [(b"authorization", f"BackendAI {token}".encode())],
-    }
-    incoming = [{"type": "http.request", "body": b"", "more_body": False}]
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        if incoming:
-            return incoming.pop(0)
-        await asyncio.Event().wait()  # a connected client: nothing more to say
-        raise AssertionError("unreachable")
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    await app(scope, receive, send)
-    return sent
+    headers = [(b"authorization", f"BackendAI {token}".encode())]
+    return await asgi.call(app, asgi.http_scope("GET", path, headers, query_string=b"q=1"))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -23,9 +23,10 @@ from nexus.models import ApiToken
 from pools.models import Pool, RoutingRecord
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulators
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 SHORT_TIMEOUT_S = 1.0
 

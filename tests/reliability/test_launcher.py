@@ -32,8 +32,8 @@ from tests.support.launcher import (
     launcher_environment,
     process_tree,
 )
-from tests.support.live import wait_until
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 RECOVERY_TIMEOUT_S = 30.0
 
@@ -177,6 +177,8 @@ def _answers(url: str) -> bool:
         return False
 
 
+# The supervisor under test starts the child process.
+@pytest.mark.live
 def test_a_child_that_keeps_crashing_stops_the_launcher_naming_it(tmp_path: Path) -> None:
     # Given a supervised child that exits with status 3 as soon as it starts
     said: list[str] = []

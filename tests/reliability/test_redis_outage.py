@@ -27,9 +27,10 @@ from pools.gateway.ledger import RECONNECT_INTERVAL_S, RedisLedger
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 TARGET = 1
 CAPACITY = 4  # the target's; two gateways take 2 each while Redis is away

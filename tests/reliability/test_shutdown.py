@@ -21,9 +21,11 @@ from nexus.models import ApiToken
 from pools.models import Pool, RoutingOutcome, RoutingRecord
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
-from tests.support.live import REPO_ROOT, LiveServer, server_environment, wait_until
-from tests.support.simulator import free_port, running_simulator
+from tests.support.live import REPO_ROOT, LiveServer, server_environment
+from tests.support.ports import free_port
+from tests.support.simulator import running_simulator
 from tests.support.traffic import Answer, chat_body, send
+from tests.support.waiting import wait_until
 
 STREAMS = 8
 EXIT_TIMEOUT_S = 30.0

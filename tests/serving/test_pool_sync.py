@@ -141,6 +141,8 @@ def test_dropping_the_pool_removes_its_targets(service: Service, node: Node) -> 
     assert not Target.objects.exists()
 
 
+# The pool's target address is reached (a closed loopback port).
+@pytest.mark.live
 def test_an_operators_pool_of_the_same_name_is_never_taken_over(
     service: Service, node: Node
 ) -> None:

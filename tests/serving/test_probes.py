@@ -33,7 +33,7 @@ from serving.models import (
 from serving.probes import probe_due_routes
 from tests.deployments.factories import make_node
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -44,7 +44,8 @@ from tests.serving.fleet import (
     tick,
 )
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.live import running_nexus, wait_until
+from tests.support.live import running_nexus
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(autouse=True)

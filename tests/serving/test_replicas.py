@@ -22,7 +22,7 @@ from tests.serving.fleet import (
     models_agent,
 )
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.live import wait_until
+from tests.support.waiting import wait_until
 
 
 def placed_route(service: Service, node: Node) -> Route:

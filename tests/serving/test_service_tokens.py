@@ -22,7 +22,8 @@ from pools.models import Pool, Target
 from serving import tokens
 from serving.models import Service, ServiceLifecycle
 from tests.nexus.factories import make_user
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
+from tests.support.waiting import wait_until
 
 
 def make_service(name: str, *, base_url: str = "http://replica.lan:8000", **fields: Any) -> Service:

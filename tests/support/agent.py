@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 
 from nodes.agent.processes import kill_all
-from tests.support.simulator import free_port
+from tests.support import processes
+from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Generous: the agent imports aiohttp, cryptography and psutil on a machine shared by test runs.
@@ -60,13 +61,7 @@ class RunningAgent:
 
     def stop(self) -> None:
         """SIGTERM the agent and wait for it to exit (SIGKILL after 10 s)."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        processes.stop(self.process, STOP_TIMEOUT_S)
 
     def start(self) -> None:
         """Start the agent (again) on the same port and data dir and wait until it answers."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BANNER_END = "Ctrl-C stops Nexus and everything it started."

@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,9 @@ import httpx
 from django.conf import settings
 from django.db import connection
 
-from tests.support.simulator import free_port
+from tests.support import processes
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -67,13 +68,7 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        processes.stop(self.process, timeout_s=10)
 
 
 def server_argv(server: str, port: int) -> list[str]:
@@ -114,18 +109,3 @@ def _answers(server: LiveServer) -> bool:
         return httpx.get(f"{server.url}/healthz", timeout=2).status_code in (200, 503)
     except httpx.HTTPError:
         return False
-
-
-def wait_until(
-    probe: Callable[[], T], *, timeout_s: float = 10.0, what: Callable[[], str] | str = ""
-) -> T:
-    """Return probe()'s first truthy result, polling for at most timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            detail = what() if callable(what) else what
-            raise TimeoutError(f"condition not met in {timeout_s} s. {detail}")
-        time.sleep(0.05)

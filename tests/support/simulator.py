@@ -6,7 +6,6 @@ import atexit
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+
+from tests.support import processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 15.0
@@ -83,22 +84,9 @@ class Simulator:
     def stop(self) -> None:
         """Terminate the process (SIGTERM, then SIGKILL after 5 s) and remove its log."""
         _live.discard(self)
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        processes.stop(self.process, STOP_TIMEOUT_S)
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _flag_arguments(flags: dict[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nexus.celery import app
+from tests.support import processes
 from tests.support.live import REPO_ROOT, server_environment
 
 START_TIMEOUT_S = 60.0
@@ -42,13 +43,7 @@ class RunningWorker:
 
     def stop(self) -> None:
         """SIGTERM (a warm shutdown: running tasks finish), SIGKILL after 15 s."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        processes.stop(self.process, STOP_TIMEOUT_S)
 
 
 @contextmanager

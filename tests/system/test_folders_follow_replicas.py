@@ -38,7 +38,8 @@ from serving.models import (
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
+from tests.support.waiting import wait_until
 from tests.support.worker import RunningWorker, running_worker
 
 SHARED, FAR = "node-shared", "node-far"

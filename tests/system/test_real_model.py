@@ -35,8 +35,9 @@ from serving.models import ModelFolder, Route, RouteState, Service, models_root
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
 from tests.support.agent import RunningAgent, running_agent, start_managed_simulator
-from tests.support.live import LiveServer, running_nexus, wait_until
+from tests.support.live import LiveServer, running_nexus
 from tests.support.real_model import require_real_model
+from tests.support.waiting import wait_until
 from tests.support.worker import RunningWorker, running_worker
 
 pytestmark = pytest.mark.llama

@@ -18,7 +18,8 @@ import pytest
 
 from nodes.agent.identity import fingerprint_of, verify_challenge
 from tests.support.agent import RunningAgent, running_agent, start_managed_simulator
-from tests.support.simulator import free_port, running_simulator
+from tests.support.ports import free_port
+from tests.support.simulator import running_simulator
 
 T = TypeVar("T")
 http = httpx.Client(timeout=10)

@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+from tests.support import processes
 from tests.support.agent import REPO_ROOT, running_agent
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
 
 STARTUP_S = 30
 BANNER = re.compile(
@@ -54,9 +55,7 @@ def started(command: list[str], env: dict[str, str], log: Path) -> Iterator[subp
             time.sleep(0.05)
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(10)
+        processes.stop(process, timeout_s=10)
 
 
 def info(port: int, credential: str) -> httpx.Response:

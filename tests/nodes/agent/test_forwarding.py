@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.agent import RunningAgent, running_agent, start_managed_simulator
 from tests.support.simulator import Simulator, running_simulator
+from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "tell me about the fleet"}]
 http = httpx.Client(timeout=10)
@@ -61,14 +62,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         running_agent(tmp_path, args=["--watch", watched.base_url]) as agent,
     ):
         yield Fleet(agent, watched)
-
-
-def wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 # -- the OpenAI SDK through the agent ----------------------------------------------------------
@@ -161,7 +154,7 @@ def test_a_caller_that_disconnects_cancels_the_runtimes_request(fleet: Fleet) ->
 
     wait_until(
         lambda: fleet.stats(fleet.paced)["requests_cancelled"] == before + 1,
-        timeout=10,
+        timeout_s=10,
         what="the runtime to see the request cancelled",
     )
     assert first.startswith("data: ")

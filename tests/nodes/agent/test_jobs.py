@@ -3,7 +3,6 @@ by a real process until it answers; every failure a clear reason, nothing left h
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -23,7 +22,11 @@ from nodes.agent.errors import AgentError
 from nodes.agent.jobs import RESTARTED, STOPPED, JobRunner
 from nodes.agent.processes import ProcessManager, kill_all
 from tests.support.fileserver import serving_file, serving_files
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
+
+# The jobs under test create virtual environments and start runtimes: every test is live.
+pytestmark = pytest.mark.live
 
 # Every wait is bounded by this; a healthy run needs a fraction of it.
 WAIT_S = 30.0
@@ -110,18 +113,6 @@ def http_model(url: str, **fields: Any) -> dict[str, Any]:
     return {"source": "http", "location": url, "name": "demo", **fields}
 
 
-async def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    """Return check()'s first truthy value, polling for at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.02)
-
-
 async def finished(runner: JobRunner, job_id: str) -> dict[str, Any]:
     """Wait until the job has succeeded or failed and return it."""
 
@@ -129,7 +120,7 @@ async def finished(runner: JobRunner, job_id: str) -> dict[str, Any]:
         job = runner.get(job_id)
         return job if job["state"] != "running" else None
 
-    return await eventually(done, f"job {job_id} ends")
+    return await eventually(done, timeout_s=WAIT_S, what=f"job {job_id} ends")
 
 
 def served_models(job: dict[str, Any]) -> list[str]:
@@ -298,7 +289,9 @@ async def test_a_download_cut_short_by_an_agent_stop_resumes_with_a_range_reques
         job_id = (await first.submit(spec))["id"]
         # Progress reaches the job's file while the download runs, not only at phase changes.
         await eventually(
-            lambda: saved(data_dir, job_id)["bytes_done"] >= 64 * 1024, "progress saved"
+            lambda: saved(data_dir, job_id)["bytes_done"] >= 64 * 1024,
+            timeout_s=WAIT_S,
+            what="progress saved",
         )
         running = first.get(job_id)
         assert running["phase"] == "downloading"

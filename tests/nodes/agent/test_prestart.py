@@ -19,13 +19,13 @@ from nodes.agent import prestart
 from serving.definitions import model_definition
 from tests.nodes.agent.test_processes_api import (
     WAIT_S,
-    eventually,
     gone,
     python,
     wait_for_log,
     wait_for_state,
 )
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.waiting import wait_until
 
 # The command most tests run after their actions: it reports who it is, then waits to be stopped.
 REPORT_AND_WAIT = """
@@ -378,7 +378,11 @@ def test_stopping_during_a_run_command_stops_the_runner_and_the_command(
     stopped = client.delete(f"/agent/v1/processes/{process['id']}", params={"grace": 5}).json()
 
     assert (stopped["state"], stopped["exit_code"]) == ("stopped", -15)
-    eventually(lambda: gone(sleeper.pid), "the run_command's child ends with the group")
+    wait_until(
+        lambda: gone(sleeper.pid),
+        timeout_s=WAIT_S,
+        what="the run_command's child ends with the group",
+    )
 
 
 def test_a_started_command_is_stopped_and_reports_its_own_exit_code(

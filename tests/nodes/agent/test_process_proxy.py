@@ -15,8 +15,9 @@ import httpx
 import openai
 import pytest
 
-from tests.nodes.agent.test_processes_api import SLEEP, eventually, python, wait_for_log
+from tests.nodes.agent.test_processes_api import SLEEP, WAIT_S, python, wait_for_log
 from tests.support.agent import RunningAgent, running_agent, start_managed_simulator
+from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "tell me about the fleet"}]
 # The agent gives up on a runtime that sends nothing for this long (a paced stream sends a token
@@ -337,9 +338,10 @@ def test_a_caller_that_disconnects_frees_the_runtimes_slot(node: Node) -> None:
         running_while_open = node.stats(node.paced)["requests_running"]
     # Leaving the block closed the connection after one line of a 20-second stream.
 
-    eventually(
+    wait_until(
         lambda: node.stats(node.paced)["requests_cancelled"] == before + 1,
-        "the runtime sees the request cancelled",
+        timeout_s=WAIT_S,
+        what="the runtime sees the request cancelled",
     )
     assert first.startswith("data: ")
     assert running_while_open == 1
@@ -359,9 +361,10 @@ def test_an_unknown_process_is_not_found(node: Node) -> None:
 
 def test_a_process_that_has_ended_is_not_running(node: Node) -> None:
     exited = node.start([*python("print('bye')"), "${PORT}"])
-    eventually(
+    wait_until(
         lambda: node.http.get(f"/agent/v1/processes/{exited['id']}").json()["state"] == "exited",
-        "the process exits",
+        timeout_s=WAIT_S,
+        what="the process exits",
     )
     stopped = node.start([*python(SLEEP), "${PORT}"])
     node.http.delete(f"/agent/v1/processes/{stopped['id']}", params={"grace": 5})

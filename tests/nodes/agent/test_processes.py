@@ -26,7 +26,11 @@ from nodes.agent.processes import (
     ProcessManager,
     kill_all,
 )
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
+
+# The agent's process manager, under test here, starts the processes: every test is live.
+pytestmark = pytest.mark.live
 
 # Every wait is bounded by this; a healthy run needs a fraction of it.
 WAIT_S = 10.0
@@ -53,18 +57,6 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-u", "-c", textwrap.dedent(code)]
 
 
-async def eventually(check: Callable[[], Any], what: str) -> Any:
-    """Return check()'s first truthy value, polling for at most WAIT_S."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        await asyncio.sleep(0.05)
-
-
 async def ended(manager: ProcessManager, process_id: str) -> dict[str, Any]:
     """Wait until the manager reports the process ended and return its record."""
 
@@ -72,11 +64,15 @@ async def ended(manager: ProcessManager, process_id: str) -> dict[str, Any]:
         record = manager.get(process_id)
         return record if record["state"] != "running" else None
 
-    return await eventually(reported, f"{process_id} ends")
+    return await eventually(reported, timeout_s=WAIT_S, what=f"{process_id} ends")
 
 
 async def logged(manager: ProcessManager, process_id: str, text: str) -> None:
-    await eventually(lambda: text in manager.log_tail(process_id, 100), f"{text!r} in the log")
+    await eventually(
+        lambda: text in manager.log_tail(process_id, 100),
+        timeout_s=WAIT_S,
+        what=f"{text!r} in the log",
+    )
 
 
 def gone(pid: int) -> bool:
@@ -313,7 +309,7 @@ async def test_stop_ends_the_whole_process_group(manager: ProcessManager) -> Non
 
     await manager.stop(record["id"], 5)
 
-    await eventually(lambda: gone(grandchild), "the grandchild ends")
+    await eventually(lambda: gone(grandchild), timeout_s=WAIT_S, what="the grandchild ends")
 
 
 async def test_stopping_an_ended_process_returns_it_unchanged(manager: ProcessManager) -> None:
@@ -557,7 +553,7 @@ async def test_recover_re_adopts_a_live_process_and_marks_a_vanished_one_lost(
     await first.close()
     # and one of them ended while no agent watched it,
     os.killpg(vanished["pid"], signal.SIGKILL)
-    await eventually(lambda: gone(vanished["pid"]), "the process ends")
+    await eventually(lambda: gone(vanished["pid"]), timeout_s=WAIT_S, what="the process ends")
 
     # when a new agent recovers,
     second = ProcessManager(data_dir, [])
@@ -575,7 +571,9 @@ async def test_recover_re_adopts_a_live_process_and_marks_a_vanished_one_lost(
 
         # When the re-adopted one ends too, the new agent notices it by itself.
         os.killpg(live["pid"], signal.SIGKILL)
-        await eventually(lambda: saved()[live["id"]]["state"] == "lost", "recorded lost")
+        await eventually(
+            lambda: saved()[live["id"]]["state"] == "lost", timeout_s=WAIT_S, what="recorded lost"
+        )
         assert second.get(live["id"])["message"] == LOST_MESSAGE
     finally:
         await second.close()
@@ -655,5 +653,5 @@ async def test_kill_all_kills_every_process_group_the_agent_started(
 
     assert gone(parent["pid"])
     assert gone(other["pid"])
-    await eventually(lambda: gone(grandchild), "the grandchild ends")
+    await eventually(lambda: gone(grandchild), timeout_s=WAIT_S, what="the grandchild ends")
     assert (await ended(manager, parent["id"]))["exit_code"] == -signal.SIGKILL

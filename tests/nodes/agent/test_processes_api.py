@@ -6,8 +6,7 @@ import os
 import signal
 import sys
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,8 @@ import psutil
 import pytest
 
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.simulator import free_port
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 # Every wait is bounded by this; a healthy run needs a fraction of it.
 WAIT_S = 10.0
@@ -35,18 +35,6 @@ SLEEP = "print('ready'); import time; time.sleep(60)"
 def python(code: str) -> list[str]:
     """Return the argv that runs `code` with unbuffered output, so the log shows it at once."""
     return [sys.executable, "-u", "-c", textwrap.dedent(code)]
-
-
-def eventually(check: Callable[[], Any], what: str) -> Any:
-    """Return check()'s first truthy value, polling for at most WAIT_S."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.05)
 
 
 def gone(pid: int) -> bool:
@@ -77,9 +65,10 @@ def client(agent: RunningAgent) -> Iterator[httpx.Client]:
 
 
 def wait_for_log(client: httpx.Client, process_id: str, text: str) -> None:
-    eventually(
+    wait_until(
         lambda: text in client.get(f"/agent/v1/processes/{process_id}/log?tail=50").text,
-        f"{text!r} in the log of {process_id}",
+        timeout_s=WAIT_S,
+        what=f"{text!r} in the log of {process_id}",
     )
 
 
@@ -90,7 +79,7 @@ def wait_for_state(client: httpx.Client, process_id: str, state: str) -> dict[st
         process: dict[str, Any] = client.get(f"/agent/v1/processes/{process_id}").json()
         return process if process["state"] == state else None
 
-    return eventually(reported, f"{process_id} is {state}")
+    return wait_until(reported, timeout_s=WAIT_S, what=f"{process_id} is {state}")
 
 
 def test_a_process_is_started_listed_tailed_and_stopped(client: httpx.Client) -> None:
@@ -185,7 +174,7 @@ def test_processes_survive_an_agent_restart_and_ones_that_end_meanwhile_are_lost
     agent.kill()
     assert not gone(live["pid"])
     os.killpg(doomed["pid"], signal.SIGKILL)
-    eventually(lambda: gone(doomed["pid"]), "the process ends")
+    wait_until(lambda: gone(doomed["pid"]), timeout_s=WAIT_S, what="the process ends")
     agent.start()
 
     # then the live one is reported running still, and the killed one lost.

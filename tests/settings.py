@@ -1,0 +1,14 @@
+"""Nexus's settings for the test suite: its own, after each pytest-xdist worker's environment is
+made its own (tests/support/workers.py), so that workers never see each other's data."""
+
+import os
+
+from tests.support.workers import isolate_worker
+
+isolate_worker()
+
+from nexus.settings import *  # noqa: E402, F403
+
+# The processes tests start (daphne, Celery, the agent) read Nexus's settings themselves, with
+# this worker's environment.
+os.environ["DJANGO_SETTINGS_MODULE"] = "nexus.settings"
