@@ -10,17 +10,15 @@ from pools import live as pools_live
 
 
 class PoolsConsumer(LiveConsumer):
-    """Send a signed-in pools page its table; forward the changes pushed to staff's pages.
+    """Forward the re-rendered pools table to a staff member's pools page.
 
-    Pushes are rendered once, with every pool, so only staff sockets join the groups; any
-    other user's socket gets their own projects' table when it (re)connects, and no pushes.
+    The table is rendered once per change with every pool, so it goes to staff only; anyone
+    else's page opens no socket (their table holds only their projects' pools) and is refused
+    one.
     """
 
-    def topic(self, user: Any, url: dict[str, Any]) -> str:
-        return pools_live.POOLS_TOPIC
-
-    def hears_pushes(self, user: Any) -> bool:
-        return access.is_staff(user)
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        return pools_live.POOLS_TOPIC if access.is_staff(user) else None
 
     def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
-        return pools_live.pools_table_of(self.scope["user"])
+        return pools_live.pools_table()

@@ -2,8 +2,7 @@
 
 `pools_changed` pushes the pools table through nexus.live, the one typed gateway to the pages,
 to staff's pages only: everyone else's table holds only their projects' pools, and a push is
-rendered once for all who get it. Their pages show the table as it was when the page (or its
-socket) opened.
+rendered once for all who get it. Their pages open no socket; they refresh on request.
 `live_state` reads what every gateway process published (pools.gateway.publish) and merges it,
 so that any process (the admin API's dry run, the Live and pool pages) sees the balancer's view.
 """
@@ -16,7 +15,6 @@ import secrets
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -30,7 +28,7 @@ from pools.gateway.engine_metrics import STALE_AFTER_S
 from pools.gateway.ledger import COUNT_LUA, lease_set_key
 from pools.gateway.publish import GatewayReadings, TargetReading
 from pools.gateway.snapshot import WARM_WINDOW_S, TargetEntry
-from pools.views import POOLS_TABLE, pools_table_context, visible_pools, with_targets
+from pools.views import POOLS_TABLE, pools_table_context, with_targets
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +40,14 @@ POOLS_TOPIC = "pools"
 STAFF: live.Audience = "manage"
 
 
-def pools_table_of(user: Any) -> str:
-    """Return the user's pools table as it is now, rendered for their socket."""
-    return live.fragment(
-        POOLS_TABLE, pools_table_context(visible_pools(user), live.audience_of(user))
-    )
+def pools_table() -> str:
+    """Return the pools table as staff see it now (every pool), rendered for a push."""
+    return live.fragment(POOLS_TABLE, pools_table_context(with_targets(), STAFF))
 
 
 def pools_changed() -> None:
     """Push the current pools table to staff's open pools pages (nexus.live has the pattern)."""
-    table = live.fragment(POOLS_TABLE, pools_table_context(with_targets(), STAFF))
-    live.push(POOLS_TOPIC, "pools-table", table, audience=STAFF)
+    live.push(POOLS_TOPIC, "pools-table", pools_table(), audience=STAFF)
 
 
 # -- the gateways' live state, read from any process --------------------------------------------

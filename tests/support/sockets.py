@@ -53,6 +53,16 @@ async def refusal(path: str, username: str = "", *, staff: bool = False) -> tupl
     headers = [ORIGIN, HOST]
     if username:
         headers.append(await sync_to_async(session_cookie)(username, staff=staff))
+    return await answer_to(path, headers)
+
+
+async def refused_socket(path: str, user: User) -> tuple[bool, int | None]:
+    """Return how the user's socket of a page was answered, as `refusal` does."""
+    return await answer_to(path, [ORIGIN, HOST, await sync_to_async(cookie_of)(user)])
+
+
+async def answer_to(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[bool, int | None]:
+    """Open the socket with these headers, then disconnect it; return how it was answered."""
     socket = WebsocketCommunicator(application, path, headers=headers)
     answer = await socket.connect()
     await socket.disconnect()
