@@ -77,6 +77,8 @@ def test_a_killed_engine_and_a_killed_redis_are_restarted_while_nexus_keeps_serv
     data_dir = tmp_path_factory.mktemp("supervised")
     web_port, agent_port, *demo_ports = free_ports(5)
     env = launcher_environment(data_dir, web_port, demo_ports, agent_port)
+    # The bundled Redis is the one killed below: without REDIS_URL (CI sets one) it is started.
+    env.pop("REDIS_URL", None)
     url = f"http://127.0.0.1:{web_port}"
     launcher = Launcher(env, output_file=data_dir / "run.log")
     try:

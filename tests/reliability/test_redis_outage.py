@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from nexus import embedded_redis
@@ -36,6 +37,9 @@ TARGET = 1
 CAPACITY = 4  # the target's; two gateways take 2 each while Redis is away
 CLIENTS = 6  # more than the capacity, so that the target stays full and requests queue
 BEFORE_S, OUTAGE_S, AFTER_S = 3.0, 5.0, 4.0
+
+# Every test here runs a redis-server of its own (OwnRedis), which the tiers cannot see.
+pytestmark = pytest.mark.live
 
 
 class OwnRedis:

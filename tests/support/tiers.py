@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import socket
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -114,11 +115,14 @@ class UnitGuard:
         for host, port in allowed:
             self.allowed |= {(host, port), (socket.gethostbyname(host), port)}
         self.active = False
+        self.thread = threading.main_thread().ident
         self.seen: list[str] = []
         sys.addaudithook(self._hear)
 
     def _hear(self, event: str, args: tuple[Any, ...]) -> None:
-        if not self.active:
+        # Only the test's own thread: a thread an earlier live test left behind (a client still
+        # retrying a server that test stopped) is not what this test does.
+        if not self.active or threading.get_ident() != self.thread:
             return
         if event in ("subprocess.Popen", "os.posix_spawn", "os.fork"):
             self.seen.append(f"started a process ({event} {args[:2]!r})")

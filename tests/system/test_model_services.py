@@ -109,6 +109,9 @@ models:
         max_wait_time: 1.0
         initial_delay: 0
 """
+# Its bounds are schedules measured on a shared CPU: it runs alone, in make test's serial pass.
+pytestmark = pytest.mark.serial
+
 # A revision whose server cannot start: it says why and exits 1.
 BROKEN_DEFINITION = """\
 models:
@@ -121,7 +124,7 @@ models:
         - >-
           import sys; print('cannot load the model: weights missing', file=sys.stderr);
           sys.exit(1)
-      port: 8000
+      port: 8001
       health_check:
         path: /
         interval: 0.5
