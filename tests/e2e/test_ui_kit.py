@@ -213,6 +213,8 @@ def test_the_browser_writes_numbers_as_the_server_does(nexus: LiveServer, page: 
         "ago": [format.ago(m, now) for m in moments],
     }
 
+    # nexus.js is deferred: it may still be running when the sign-in lands on the page.
+    page.wait_for_function("() => window.Nexus !== undefined")
     browser = page.evaluate(
         """([durations, rates, sizes, ratios, moments, now]) => ({
             duration: durations.map(Nexus.format.duration),
