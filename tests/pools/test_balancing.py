@@ -793,6 +793,8 @@ def test_an_embeddings_request_is_not_held_behind_chat_requests_waiting_for_the_
     assert world.record(embedding).queue_wait_ms == 0.0
 
 
+# The arrival order is made by sleeps between the requests: it needs the CPU to itself.
+@pytest.mark.serial
 def test_waiters_of_one_token_are_served_in_arrival_order_beside_an_idle_target_of_another_kind(
     world: World,
 ) -> None:

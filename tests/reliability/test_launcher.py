@@ -137,7 +137,14 @@ def test_a_killed_engine_and_a_killed_redis_are_restarted_while_nexus_keeps_serv
         assert child_pid(launcher, "daphne") == web
         assert launcher.process.poll() is None
         # and traffic went on: the pool routed around the dead engine, Redis' loss failed nothing
-        failed = [answer for answer in answers if answer.status != 200 or not answer.done]
+        # A stream already running on the engine when it was killed may end with an error event
+        # (the request was delivered, so it is not retried: DESIGN.md); no other may fail.
+        cut = [a for a in answers if a.started < killed_at <= a.finished]
+        failed = [
+            answer
+            for answer in answers
+            if (answer.status != 200 or not answer.done) and answer not in cut
+        ]
         served_after = [a for a in answers if a.started > killed_at and a.status == 200]
         outcomes.record(
             "launcher_child_crashes",
@@ -148,7 +155,10 @@ def test_a_killed_engine_and_a_killed_redis_are_restarted_while_nexus_keeps_serv
                 "redis_back_after_s": round(redis_recovered_s, 2),
             },
         )
-        assert failed == [], [(a.status, a.content[:200]) for a in failed]
+        assert failed == [], [
+            (a.status, a.content[:200], a.events[-2:], a.started - killed_at) for a in failed
+        ]
+        assert len(cut) <= 1, cut  # one client, one stream at a time
         assert served_after, "no request was served after Redis came back"
 
         # When it receives SIGTERM while a stream is in flight
