@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -144,22 +146,19 @@ class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
         records = records.select_related("pool__project").order_by("-created_at", "-id")
         if self.action != "list":
             return records
-        filters = HistoryFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
-        wanted = filters.validated_data
-        if "pool" in wanted:
-            records = records.filter(pool__slug=wanted["pool"])
-        if "target" in wanted:
-            records = records.filter(target_id=wanted["target"])
-        if "outcome" in wanted:
-            records = records.filter(outcome=wanted["outcome"])
-        if "token" in wanted:
-            records = records.filter(token_id=wanted["token"])
-        if "since" in wanted:
-            records = records.filter(created_at__gte=wanted["since"])
-        if "until" in wanted:
-            records = records.filter(created_at__lt=wanted["until"])
-        return records
+        return filtered(records, HistoryFilterSerializer(data=self.request.query_params), {
+            "pool": "pool__slug", "target": "target_id", "outcome": "outcome",
+            "token": "token_id", "since": "created_at__gte", "until": "created_at__lt",
+        })  # fmt: skip
+
+
+def filtered(
+    rows: QuerySet[Any], filters: BaseSerializer[Any], lookups: dict[str, str]
+) -> QuerySet[Any]:
+    """Return the rows narrowed by each query filter given, through its lookup."""
+    filters.is_valid(raise_exception=True)
+    wanted = filters.validated_data
+    return rows.filter(**{lookups[name]: value for name, value in wanted.items()})
 
 
 @extend_schema_view(list=extend_schema(parameters=[UsageFilterSerializer]))
@@ -172,17 +171,7 @@ class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def get_queryset(self) -> QuerySet[TokenUsage]:
         rows = TokenUsage.objects.filter(pool__in=visible_pools(self.request))
         rows = rows.select_related("pool__service").order_by("-hour", "token_id", "pool_id")
-        filters = UsageFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
-        wanted = filters.validated_data
-        if "token" in wanted:
-            rows = rows.filter(token_id=wanted["token"])
-        if "pool" in wanted:
-            rows = rows.filter(pool__slug=wanted["pool"])
-        if "service" in wanted:
-            rows = rows.filter(pool__service__name=wanted["service"])
-        if "since" in wanted:
-            rows = rows.filter(hour__gte=wanted["since"])
-        if "until" in wanted:
-            rows = rows.filter(hour__lt=wanted["until"])
-        return rows
+        return filtered(rows, UsageFilterSerializer(data=self.request.query_params), {
+            "token": "token_id", "pool": "pool__slug", "service": "pool__service__name",
+            "since": "hour__gte", "until": "hour__lt",
+        })  # fmt: skip
