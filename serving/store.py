@@ -53,7 +53,7 @@ def _llama_cpp_missing(folder: ModelFolder) -> str:
     if not llama_cpp_installed():
         return "llama.cpp is not installed here (make llama adds llama-cpp-python)"
     if not any(entry.path.endswith(".gguf") for entry in folders.list_files(folder).files):
-        return "the folder holds no .gguf model file"
+        return "the folder holds no .gguf model file to serve (make llama brings SmolLM2's)"
     return ""
 
 
