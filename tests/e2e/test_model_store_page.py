@@ -2,7 +2,8 @@
 daphne, a Celery worker with beat (reconciler, probes) and an agent as the node: search, sort
 and page size; a card's drawer with its README; a one-click deploy that lands on the endpoint
 once it answers; Start chat, a streamed answer through the gateway, Stop; the page's token
-revoked when the page closes; a card whose deploy asks in a modal."""
+revoked when the page closes; a card whose deploy asks in a modal. Marked `llama`: the real
+SmolLM2 model deployed from its card answers in the chat."""
 
 from __future__ import annotations
 
@@ -20,12 +21,18 @@ from pytest_django.fixtures import Settings
 from nexus.models import ApiToken
 from serving.chat import CHAT_TOKEN_PREFIX
 from serving.models import ModelFolder, ResourcePreset, models_root
-from serving.store_seed import SIMULATOR_LARGE_FOLDER, SIMULATOR_SMALL_FOLDER, write_seeds
+from serving.store_seed import (
+    SIMULATOR_LARGE_FOLDER,
+    SIMULATOR_SMALL_FOLDER,
+    SMOLLM2_FOLDER,
+    write_seeds,
+)
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
 from tests.support.agent import running_agent
 from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
+from tests.support.real_model import require_real_model
 from tests.support.screenshots import screenshot
 from tests.support.waiting import wait_until
 from tests.support.worker import running_worker
@@ -33,11 +40,14 @@ from tests.support.worker import running_worker
 pytestmark = pytest.mark.e2e
 
 READY_TIMEOUT_MS = 90_000
+# llama.cpp's first probe is due 5 s after the start; loading the model takes a few seconds more.
+LLAMA_READY_TIMEOUT_MS = 180_000
 GIB = 1 << 30
 
 
 def only_presets() -> None:
-    """Two small presets: the 70B card fits one of them (one click), the 8B card both (modal)."""
+    """Two small presets: the 70B and SmolLM2 cards fit one of them (one click), the 8B card
+    both (a modal)."""
     ResourcePreset.objects.all().delete()
     ResourcePreset.objects.create(name="tiny", cpu=0.5, memory_bytes=512 << 20)
     ResourcePreset.objects.create(name="small", cpu=1.0, memory_bytes=GIB)
@@ -56,7 +66,10 @@ def nexus(transactional_db: None, tmp_path: Path, settings: Settings) -> Iterato
     with ExitStack() as stack:
         agent = stack.enter_context(
             running_agent(
-                tmp_path, name="node-a", args=["--allow-dir", str(models_root())], env={"PATH": path}
+                tmp_path,
+                name="node-a",
+                args=["--allow-dir", str(models_root())],
+                env={"PATH": path},
             )
         )
         trusted_node("node-a", agent)
@@ -141,7 +154,9 @@ def test_find_deploy_in_one_click_chat_and_deploy_through_the_modal(
     reply = page.locator(".chat-assistant .chat-text").last
     expect(page.locator(".chat-assistant[aria-busy=true]")).to_have_count(0, timeout=30_000)
     expect(reply).not_to_have_text("")
-    expect(page.locator("#chat-answered-by")).to_have_text(re.compile(r"^route-\d+$"))  # the replica
+    expect(page.locator("#chat-answered-by")).to_have_text(
+        re.compile(r"^route-\d+$")
+    )  # the replica
     expect(page.locator("#chat-ttft")).to_have_text(re.compile(r"\d+(\.\d)? (ms|s)$"))
     expect(page.locator("#chat-speed")).to_have_text(re.compile(r"tok/s$"))
     screenshot(page, "chat-streamed-answer")
@@ -175,3 +190,37 @@ def test_find_deploy_in_one_click_chat_and_deploy_through_the_modal(
     modal.get_by_role("button", name="Deploy").click()
     expect(page).to_have_url(re.compile(r"/serving/services/simulator-8b/$"))
     expect(page.locator("#toasts")).to_contain_text("Deployed Simulated 8B chat model")
+
+
+@pytest.fixture
+def real_model() -> Path:
+    """SmolLM2's .gguf (asked for before the stack starts: without it the test is skipped)."""
+    return require_real_model()
+
+
+@pytest.mark.llama
+def test_the_real_llama_cpp_model_deploys_from_its_card_and_answers_in_the_chat(
+    real_model: Path, nexus: LiveServer, page: Page
+) -> None:
+    sign_in(page, nexus, "/store/")
+    page.locator(f"#card-{SMOLLM2_FOLDER} a").click()
+    drawer = page.locator("#model-card")
+    expect(drawer).to_contain_text("llama.cpp: 1 CPU, 1 GiB")
+    drawer.get_by_role("button", name="Deploy").click()
+    expect(page).to_have_url(
+        re.compile(rf"/serving/services/{SMOLLM2_FOLDER}/$"), timeout=LLAMA_READY_TIMEOUT_MS
+    )
+
+    page.get_by_role("link", name="Start chat").click()
+    expect(page.locator("#chat-connection")).to_contain_text("Connected with a token")
+    # A model this small sometimes ends its turn at once: a few tries, each a new conversation.
+    for _ in range(3):
+        page.get_by_role("button", name="New conversation").click()
+        page.get_by_label("Message").fill("Say hello in five words.")
+        page.get_by_role("button", name="Send").click()
+        expect(page.locator(".chat-assistant[aria-busy=true]")).to_have_count(0, timeout=60_000)
+        if page.locator(".chat-assistant .chat-text").last.inner_text().strip():
+            break
+    expect(page.locator(".chat-assistant .chat-text").last).to_have_text(re.compile(r"\S"))
+    expect(page.locator("#chat-ttft")).not_to_have_text("—")
+    screenshot(page, "chat-real-model-answer")
