@@ -17,8 +17,10 @@ from .errors import DefinitionError, Problem
 from .values import Problems, check_keys, check_string, item_path, key_path
 
 DEFAULT_FILE = "model-card.yaml"
-TEXT_KEYS = ("title", "description", "task", "category", "license", "author")
-TEXT_KEYS += ("architecture", "version", "icon")
+TEXT_KEYS = (
+    *("title", "description", "task", "category", "license", "author"),
+    *("architecture", "version", "icon"),
+)
 LIST_KEYS = ("labels", "frameworks")
 CARD_KEYS = (*TEXT_KEYS, *LIST_KEYS)
 
