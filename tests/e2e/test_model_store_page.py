@@ -12,15 +12,18 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import Page, expect
 from pytest_django.fixtures import Settings
 
 from nexus.models import ApiToken
+from serving import tokens
 from serving.chat import CHAT_TOKEN_PREFIX
-from serving.models import ModelFolder, ResourcePreset, models_root
+from serving.models import ModelFolder, ResourcePreset, Service, models_root
 from serving.store_seed import (
     SIMULATOR_LARGE_FOLDER,
     SIMULATOR_SMALL_FOLDER,
@@ -85,6 +88,13 @@ def nexus(transactional_db: None, tmp_path: Path, settings: Settings) -> Iterato
 
 def card_titles(page: Page) -> list[str]:
     return page.locator("#store-cards .store-card-title").all_inner_texts()
+
+
+def issue_pasted_token() -> str:
+    """Return the secret of a token issued on the service's page, as a user would paste it."""
+    service = Service.objects.get(name="simulator-70b")
+    expires_at = timezone.now() + timedelta(hours=1)
+    return tokens.issue_service_token(service, name="pasted", expires_at=expires_at)[1]
 
 
 def page_tokens() -> list[ApiToken]:
@@ -168,7 +178,31 @@ def test_find_deploy_in_one_click_chat_and_deploy_through_the_modal(
     page.get_by_role("button", name="Stop").click()
     expect(page.locator(".chat-note").last).to_have_text("Stopped.")
 
+    # The settings: what the page chose; and any endpoint, with a token pasted in.
+    page.locator("#chat-settings summary").click()
+    expect(page.get_by_label("Base URL")).to_have_value(f"{nexus.url}/v1")
+    expect(page.get_by_label("Model", exact=True)).to_have_value("@pool/simulator-70b")
+    pasted = committed(issue_pasted_token)
+    page.get_by_label("Talk to").select_option("")
+    # Choosing another target revokes the page's token.
+    wait_until(
+        lambda: committed(lambda: all(t.is_revoked for t in page_tokens())),
+        timeout_s=10,
+        what="the page's token revoked when another target was chosen",
+    )
+    page.get_by_label("Base URL").fill(f"{nexus.url}/v1")
+    page.get_by_label("Model", exact=True).fill("@pool/simulator-70b")
+    page.get_by_label("Token", exact=True).fill(pasted)
+    page.get_by_label("Message").fill("Through the settings")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator(".chat-assistant[aria-busy=true]")).to_have_count(0, timeout=30_000)
+    expect(page.locator(".chat-assistant .chat-text").last).not_to_have_text("")
+    expect(page.locator(".chat-note")).to_have_count(0)
+
     # Closing the page revokes its token.
+    page.get_by_label("Talk to").select_option(label="simulator-70b (private)")
+    expect(page.locator("#chat-connection")).to_contain_text("Connected with a token")
+    assert len(committed(page_tokens)) == 2
     chat_page = page
     page = chat_page.context.new_page()
     chat_page.close(run_before_unload=True)
