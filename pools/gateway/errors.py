@@ -186,6 +186,14 @@ def headers_too_slow(limit_s: float) -> GatewayError:
     )
 
 
+def body_too_slow(limit_s: float) -> GatewayError:
+    return GatewayError(
+        408,
+        f"No byte of the request body arrived for {limit_s:g} s (NEXUS_BODY_TIMEOUT_S).",
+        code="request_timeout",
+    )
+
+
 def internal_error() -> GatewayError:
     return GatewayError(
         500,
@@ -270,6 +278,14 @@ def target_refused(target: str, status: int) -> GatewayError:
         f"Target '{target}' refused the request with {status}, and no other target could take it.",
         code="target_refused",
         error_type="rate_limit_error" if status == 429 else "server_error",
+    )
+
+
+def target_misconfigured(target: str, what: str) -> GatewayError:
+    return GatewayError(
+        502,
+        f"Target '{target}' is misconfigured ({what}), and no other target could take the request.",
+        code="target_misconfigured",
     )
 
 

@@ -27,7 +27,12 @@ import httpx
 from nexus import upstream
 from pools.balancer import explain
 from pools.balancer.queue import QueueFull, QueueTimeout
-from pools.balancer.retry import FailurePhase, classify, is_target_fault
+from pools.balancer.retry import (
+    FailurePhase,
+    classify,
+    is_target_fault,
+    misconfiguration,
+)
 from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, Skipped, SkipReason
 from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
@@ -67,7 +72,6 @@ NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 NOT_DELIVERED_HEADER = "x-nexus-not-delivered"
 # A non-streaming answer up to this size is sent to the client in one piece.
 WHOLE_BODY_MAX_BYTES = 1024 * 1024
-REFUSED_STATUSES = frozenset({429, 502, 503, 504})
 # Ledger races (another process took the last slot between the decision and the acquire) are
 # retried this many times before the request waits in the queue.
 CLAIM_RACES = 3
@@ -353,6 +357,11 @@ class Router:
         not_delivered = target.on_node and response.headers.get(NOT_DELIVERED_HEADER) == "1"
         try:
             reason = ""
+            # Before a byte is relayed: a refusal or a misconfiguration moves the flight on.
+            early = classify(
+                connected=True, request_sent=True, status=status, output_started=False,
+                timed_out=False, rewritten=flight.forward is None,
+            )  # fmt: skip
             if not_delivered:
                 phase = FailurePhase.CONNECT
                 retried, reason = self._may_retry(flight, attempt, phase, status, delivered=False)
@@ -360,12 +369,23 @@ class Router:
                     reason = "retried: the node's agent says it never reached the replica"
                     self._record_attempt(flight, target, phase, status, retried, reason)
                     return errors.target_refused(target.name, status)
-            elif status in REFUSED_STATUSES:
-                phase = FailurePhase.REFUSED_STATUS
+            elif early is FailurePhase.REFUSED_STATUS:
+                phase = early
                 retried, reason = self._may_retry(flight, attempt, phase, status, delivered=True)
                 if retried:
                     self._record_attempt(flight, target, phase, status, retried, reason)
                     return errors.target_refused(target.name, status)
+            elif early is FailurePhase.MISCONFIGURED:
+                # The credential and model id are Nexus's, not the caller's: the caller hears
+                # that the target is misconfigured, never the target's own 401 or 404.
+                phase = early
+                retried, reason = self._may_retry(flight, attempt, phase, status, delivered=True)
+                what = misconfiguration(status)
+                self._record_attempt(flight, target, phase, status, retried, reason, why=what)
+                failure = errors.target_misconfigured(target.name, what)
+                if retried:
+                    return failure
+                raise failure
             timeouts = flight.pool.timeouts
             timer.expect(
                 timeouts.first_token_s - (time.monotonic() - sent_at),
@@ -415,10 +435,14 @@ class Router:
         status: int | None,
         retried: bool,
         reason: str,
+        why: str = "",
     ) -> None:
-        """Count one attempt once: in the target's passive health, the history and metrics."""
+        """Count one attempt once: in the target's passive health, the history and metrics.
+
+        why: what the failure says about the target, for the cause of an ejection it tips.
+        """
         ok = phase is None or not is_target_fault(phase)
-        self.state.record_outcome(target, ok, time.monotonic())
+        self.state.record_outcome(target, ok, time.monotonic(), why)
         flight.attempts.append(_attempt_row(target, phase, status, retried, reason))
         metrics.observe_attempt(flight.pool.slug, target.name, phase or "ok")
 

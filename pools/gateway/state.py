@@ -206,9 +206,10 @@ class GatewayState:
             delivered=delivered,
         )
 
-    def record_outcome(self, target: TargetEntry, ok: bool, now: float) -> None:
-        """Count an attempt's verdict in the target's passive health."""
-        self._health.record(target.id, ok=ok, now=now, degraded=target.health is Health.DEGRADED)
+    def record_outcome(self, target: TargetEntry, ok: bool, now: float, why: str = "") -> None:
+        """Count an attempt's verdict in the target's passive health (why: see health.record)."""
+        degraded = target.health is Health.DEGRADED
+        self._health.record(target.id, ok=ok, now=now, degraded=degraded, why=why)
 
     def request_at_fault(
         self, pool: PoolEntry, target: TargetEntry, fingerprint: str, now: float

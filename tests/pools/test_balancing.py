@@ -62,6 +62,7 @@ ENGINES: dict[str, dict[str, Any]] = {
     "c2": {"ttft_ms": 0, "tpot_ms": 20},
     "c3": {"ttft_ms": 0, "tpot_ms": 20},
     "slow": {"ttft_ms": 0, "tpot_ms": 40},
+    "locked": {"ttft_ms": 0, "tpot_ms": 1, "api_key": "sk-engine"},
 }
 
 
@@ -138,9 +139,8 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
         created = make_pool(slug, **fields)
         for position, (name, engine, extra) in enumerate(targets):
             url = closed_port_url if engine == "closed" else engines[engine].base_url
-            target = make_target(
-                created, name, base_url=url, model_id="demo-8b", position=position, **extra
-            )
+            fields = {"model_id": "demo-8b", "position": position, **extra}
+            target = make_target(created, name, base_url=url, **fields)
             ids[(slug, name)] = target.pk
 
     backup = {"priority": 2}
@@ -155,6 +155,14 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
     # Ejection uncapped, so that the lone target's circuit really opens.
     pool("refused-alone", [("refusing", "faulty", {})], max_attempts=1, max_ejection_percent=100)
     pool("ejection", [("failing", "faulty", {}), ("good", "good", backup)])
+    # Misconfigured targets: a model id the engine does not serve, a credential it rejects.
+    misnamed = {"model_id": "not-served"}
+    pool("wrong-model", [("misnamed", "good", misnamed), ("good", "good", backup)])
+    pool(
+        "wrong-key", [("rejecting", "locked", {"credential": "sk-wrong"}), ("good", "good", backup)]
+    )
+    pool("right-key", [("accepting", "locked", {"credential": "sk-engine"})])
+    pool("misnamed-alone", [("misnamed", "good", misnamed)], max_ejection_percent=100)
     # Drain: round robin, so that both targets get traffic while both are active.
     for slug in ("drain", "resume"):
         pool(
@@ -428,6 +436,64 @@ def test_a_target_that_refuses_is_ejected_after_its_third_failed_request_not_its
         "param": None,
         "code": "no_target_available",
     }
+
+
+# --- Misconfigured targets ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pool", "target", "status", "what"),
+    [
+        (
+            "wrong-model",
+            "misnamed",
+            404,
+            "404: the target does not serve the model id it was given",
+        ),
+        ("wrong-key", "rejecting", 401, "401: the target rejects its credential"),
+    ],
+)
+def test_a_misconfigured_target_is_the_targets_fault_and_the_request_is_served_by_another(
+    world: World, pool: str, target: str, status: int, what: str
+) -> None:
+    answer = world.chat(pool)
+
+    assert (answer.status, answer.target, answer.attempts) == (200, "good", 2), answer.content
+    assert world.record(answer).attempts == [
+        world.attempt(pool, target, "misconfigured", status, True, f"retried: {what}"),
+        world.attempt(pool, "good", "ok", 200, False, "ok"),
+    ]
+
+
+def test_the_right_credential_is_accepted_by_the_same_engine(world: World) -> None:
+    answer = world.chat("right-key")
+
+    assert (answer.status, answer.target) == (200, "accepting"), answer.content
+
+
+def test_a_target_alone_with_a_wrong_model_id_answers_502_and_is_ejected_naming_why(
+    world: World,
+) -> None:
+    answers = [world.chat("misnamed-alone") for _ in range(4)]
+
+    what = "404: the target does not serve the model id it was given"
+    # The caller, whose request is fine, never hears the target's own 404.
+    assert [(a.status, a.error()["code"]) for a in answers[:3]] == [
+        (502, "target_misconfigured")
+    ] * 3
+    assert answers[0].error()["message"] == (
+        f"Target 'misnamed' is misconfigured ({what}), and no other target could take the request."
+    )
+    assert world.record(answers[0]).attempts == [
+        world.attempt("misnamed-alone", "misnamed", "misconfigured", 404, True, f"retried: {what}")
+        | {"retried": False, "reason": "not retried: no other target can take it"}
+    ]
+    # The third failure ejected it, and the cause says what it answered.
+    assert (answers[3].status, answers[3].error()["code"]) == (503, "no_target_available")
+    [skipped] = world.record(answers[3]).decision["skipped"]
+    assert skipped["detail"].startswith(
+        f"circuit open: 3 consecutive failures, the last: {what}; half-open trial in"
+    )
 
 
 # --- Ejection and recovery ----------------------------------------------------------------------
