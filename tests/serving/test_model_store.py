@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 from pytest_django.fixtures import Settings
 
+from nexus.models import Project
 from nexus.ui import markdown
 from serving import store
 from serving.definitions.model_card import ModelCard, fits, parse_model_card, read_model_card
@@ -19,6 +20,7 @@ from serving.store_seed import (
     SIMULATOR_LARGE_FOLDER,
     SIMULATOR_SMALL_FOLDER,
     SMOLLM2_FOLDER,
+    seed_store,
     write_seeds,
 )
 from tests.nexus.factories import make_user
@@ -268,3 +270,42 @@ def test_only_staff_deploy(client: Client, seeded: Path) -> None:
     assert "Staff deploy models." in drawer.content.decode()
     assert refused.status_code == 403
     assert not Service.objects.exists()
+
+
+# Seeds
+
+
+@pytest.mark.django_db
+def test_seeds_are_written_after_migrate_unless_turned_off(
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings.DATA_DIR = tmp_path
+    settings.NEXUS_MODEL_STORE_SEED = False
+    seed_store(using="default")
+    assert not ModelFolder.objects.exists()
+
+    settings.NEXUS_MODEL_STORE_SEED = True
+    seed_store(using="default")
+
+    assert set(ModelFolder.objects.values_list("name", "project")) == {
+        (SMOLLM2_FOLDER, "model-store"),
+        (SIMULATOR_SMALL_FOLDER, "model-store"),
+        (SIMULATOR_LARGE_FOLDER, "model-store"),
+        (HTTP_SERVER_FOLDER, "model-store"),
+    }
+    assert Project.objects.filter(name="model-store").exists()
+    for name in (SMOLLM2_FOLDER, SIMULATOR_SMALL_FOLDER, HTTP_SERVER_FOLDER):
+        assert (tmp_path / "models" / name / "model-definition.yaml").is_file()
+
+
+@pytest.mark.django_db
+def test_seeding_again_keeps_what_someone_changed(seeded: Path) -> None:
+    readme = seeded / "models" / HTTP_SERVER_FOLDER / "README.md"
+    readme.write_text("# Ours\n")
+    (seeded / "models" / HTTP_SERVER_FOLDER / "model-card.yaml").unlink()
+
+    write_seeds()
+
+    assert readme.read_text() == "# Ours\n"
+    assert (seeded / "models" / HTTP_SERVER_FOLDER / "model-card.yaml").is_file()
+    assert ModelFolder.objects.filter(name=HTTP_SERVER_FOLDER).count() == 1
