@@ -132,6 +132,8 @@ def test_find_deploy_in_one_click_chat_and_deploy_through_the_modal(
     expect(page.locator("#store-cards .store-card")).to_have_count(12)
     # A folder without the definition files is dimmed, and says why.
     expect(page.locator("#card-extra-00")).to_have_css("opacity", "0.5")
+    expect(page.locator("#card-extra-00")).to_contain_text("are both needed to deploy")
+    screenshot(page, "store-gallery-dimmed")
 
     # The drawer: detail and README; one preset and one group, so Deploy asks nothing.
     page.locator(f"#card-{SIMULATOR_LARGE_FOLDER} a").click()
