@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from pytest_django.fixtures import Settings
 
 from nexus.models import Project
@@ -309,3 +311,20 @@ def test_seeding_again_keeps_what_someone_changed(seeded: Path) -> None:
     assert readme.read_text() == "# Ours\n"
     assert (seeded / "models" / HTTP_SERVER_FOLDER / "model-card.yaml").is_file()
     assert ModelFolder.objects.filter(name=HTTP_SERVER_FOLDER).count() == 1
+
+
+@pytest.mark.django_db
+def test_the_gallery_costs_the_same_queries_for_four_cards_or_fifty(
+    staff: Client, seeded: Path
+) -> None:
+    staff.get("/store/")  # the session, once
+    with CaptureQueriesContext(connection) as four:
+        staff.get("/store/?per_page=50")
+    for number in range(46):
+        ModelFolder.objects.create(name=f"extra-{number}", project="model-store")
+
+    with CaptureQueriesContext(connection) as fifty:
+        page = staff.get("/store/?per_page=50")
+
+    assert "1–50 of 50 models" in page.content.decode()
+    assert len(fifty.captured_queries) == len(four.captured_queries) <= 8
