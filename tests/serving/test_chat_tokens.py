@@ -125,3 +125,16 @@ def test_the_page_preselects_the_service_it_was_opened_from(client: Client) -> N
     assert f'<option value="service:{chosen.pk}" data-base-path="/serve/chat-b/v1"' in page
     assert 'data-needs-token="false" selected>chat-b (public)</option>' in page
     assert f'href="/chat/?service={chosen.pk}" title="LLM Chat Test">Start chat</a>' in button
+
+
+def test_the_page_preselects_a_pool_and_lists_no_service_pool_as_a_pool(client: Client) -> None:
+    Pool.objects.create(name="Chat", slug="chat")
+    Pool.objects.create(name="Fast", slug="fast")
+    make_service("chat-a")  # its managed pool is the service, not a pool of its own
+    signed_in(client, "staff", staff=True)
+
+    page = client.get("/chat/?pool=fast").content.decode()
+
+    assert '<option value="pool:fast" data-base-path="/v1" data-model="@pool/fast"' in page
+    assert 'data-needs-token="true" selected>Fast (@pool/fast)</option>' in page
+    assert 'value="pool:chat-a"' not in page
