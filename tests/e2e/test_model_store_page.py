@@ -40,7 +40,9 @@ from tests.support.screenshots import screenshot
 from tests.support.waiting import wait_until
 from tests.support.worker import running_worker
 
-pytestmark = pytest.mark.e2e
+# A whole stack per test (daphne, a worker, an agent, replicas): about a minute alone, more
+# beside other tests on two cores, so past the e2e tier's 180 s limit.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 READY_TIMEOUT_MS = 90_000
 # llama.cpp's first probe is due 5 s after the start; loading the model takes a few seconds more.
