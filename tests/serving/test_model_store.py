@@ -328,3 +328,30 @@ def test_the_gallery_costs_the_same_queries_for_four_cards_or_fifty(
 
     assert "1–50 of 50 models" in page.content.decode()
     assert len(fifty.captured_queries) == len(four.captured_queries) <= 8
+
+
+@pytest.mark.django_db
+def test_the_smollm2_card_is_dimmed_with_why_where_llama_cpp_or_its_model_file_is_missing(
+    staff: Client, seeded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = seeded / "models" / SMOLLM2_FOLDER
+    for gguf in folder.glob("*.gguf"):
+        gguf.unlink()
+    project = store.store_project()
+    assert project is not None
+
+    without_file = store.store_card(project, SMOLLM2_FOLDER)
+    # What this machine has installed is the fact under test here, not Nexus's code.
+    monkeypatch.setattr(store, "llama_cpp_installed", lambda: False)
+    without_llama = store.store_card(project, SMOLLM2_FOLDER)
+    page = staff.get("/store/").content.decode()
+
+    assert without_file is not None and without_file.blocked.startswith(
+        "the folder holds no .gguf model file"
+    )
+    assert without_llama is not None
+    assert without_llama.blocked == (
+        "llama.cpp is not installed here (make llama adds llama-cpp-python)"
+    )
+    assert f'<li class="store-card blocked" id="card-{SMOLLM2_FOLDER}"' in page
+    assert "llama.cpp is not installed here" in page
