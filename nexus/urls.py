@@ -20,6 +20,8 @@ urlpatterns = [
     path("nodes/", include("nodes.urls")),
     path("deployments/", include("deployments.urls")),
     path("serving/", include("serving.urls")),
+    path("store/", include("serving.store_urls")),
+    path("chat/", include("serving.chat_urls")),
     path("tokens/", include("pools.token_urls")),
     path("ui/", include("nexus.ui.urls")),
     path("api/v1/", include("nexus.api.urls")),

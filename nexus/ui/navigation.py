@@ -42,9 +42,9 @@ NAVIGATION: tuple[tuple[str, tuple[Item, ...]], ...] = (
         "Serving",
         (
             Item("Services", "serving:service_list", ("serving:service", "serving:route")),
-            Item("Model store"),
+            Item("Model store", "store:list"),
             Item("Model folders", "serving:model_folder_list", ("serving:model_",)),
-            Item("Chat"),
+            Item("Chat", "chat:page"),
         ),
     ),
     ("Access", (Item("Tokens", "tokens:list"), Item("Projects"))),

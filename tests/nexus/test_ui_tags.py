@@ -208,7 +208,8 @@ def test_the_navigation_marks_the_current_area_and_shows_missing_ones_as_soon(
     assert '<a href="/serving/models/" aria-current="page">Model folders</a>' in page
     assert '<a href="/serving/services/">Services</a>' in page
     assert '<a href="/tokens/">Tokens</a>' in page
-    for name in ["Live", "History", "Model store", "Chat", "Projects"]:
+    assert '<a href="/store/">Model store</a>' in page
+    for name in ["Live", "History", "Projects"]:
         assert f'<span class="soon" aria-disabled="true">{name} <small' in page
     assert "UI kit" not in page  # staff only
 
