@@ -520,14 +520,16 @@ class Router:
                     chunks += 1
                     tail.append(chunk)
             except (httpx.HTTPError, asyncio.CancelledError) as exc:
-                broken = _relay_failure(exc, target, timer)
-                timed_out = broken.code == "target_timeout"
-                # Output already reached the client: no retry; end the stream with an error.
-                if is_sse:
-                    event = b"data: " + _stream_error(target, broken)
-                    await send(
-                        {"type": "http.response.body", "body": event + b"\n\n", "more_body": True}
-                    )
+                # The whole answer and its [DONE] came, then the connection closed without
+                # ending the body (llama-cpp-python's server does so): the answer is whole.
+                whole = isinstance(exc, httpx.HTTPError) and is_sse and _ended(tail)
+                if not whole:
+                    broken = _relay_failure(exc, target, timer)
+                    timed_out = broken.code == "target_timeout"
+                    # Output already reached the client: no retry; end the stream with an error.
+                    if is_sse:
+                        event = b"data: " + _stream_error(target, broken) + b"\n\n"
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             if not encoded:
                 flight.usage = read_usage(b"".join(tail))
@@ -711,6 +713,11 @@ def _upstream_failure(exc: httpx.HTTPError, target: TargetEntry) -> GatewayError
     if _timed_out(exc) and not isinstance(exc.__cause__, aiohttp.ConnectionTimeoutError):
         return errors.target_timeout(target.name)
     return errors.target_unreachable(target.name)
+
+
+def _ended(tail: deque[bytes]) -> bool:
+    """Return whether the last chunks relayed end with the stream's closing `data: [DONE]`."""
+    return b"".join(tail).rstrip().endswith(b"data: [DONE]")
 
 
 def _stream_error(target: TargetEntry, failure: GatewayError) -> bytes:

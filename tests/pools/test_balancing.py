@@ -364,6 +364,21 @@ def test_a_stream_cut_after_output_started_ends_with_an_error_event_and_is_not_r
     ]
 
 
+def test_a_stream_whose_connection_closes_after_its_done_is_whole_not_broken(
+    world: World,
+) -> None:
+    # As llama-cpp-python's server: the whole answer and [DONE], then no end to the body.
+    with faults(world.engines["faulty"], cut_stream_after=5):
+        answer = world.chat("cut", max_tokens=5, stream=True)
+
+    record = world.record(answer)
+    assert (answer.status, answer.target) == (200, "cutting")
+    assert len(contents(answer)) == 5
+    assert answer.events[-1] == "[DONE]"
+    assert record.outcome == "ok"
+    assert record.attempts == [world.attempt("cut", "cutting", "ok", 200, False, "ok")]
+
+
 def test_a_client_error_from_the_engine_is_relayed_as_is_and_not_retried(world: World) -> None:
     # More output than the engine's context (--max-model-len 32768) allows: its own 400.
     body = chat_body("bad-request", max_tokens=100_000)
