@@ -35,7 +35,7 @@ NAVIGATION: tuple[tuple[str, tuple[Item, ...]], ...] = (
             Item("Nodes", "nodes:list"),
             Item("Deployments", "deployments:list"),
             Item("Live"),
-            Item("History"),
+            Item("History", "history:list"),
         ),
     ),
     (
