@@ -34,7 +34,7 @@ NAVIGATION: tuple[tuple[str, tuple[Item, ...]], ...] = (
             Item("Pools", "pools:list"),
             Item("Nodes", "nodes:list"),
             Item("Deployments", "deployments:list"),
-            Item("Live"),
+            Item("Live", "live:overview"),
             Item("History", "history:list"),
         ),
     ),

@@ -140,6 +140,7 @@ class Flight:
     failure_reason: str = ""
     retries_held: int = 0  # retry-budget slots to give back
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens the answer reported
+    chunks: int = 0  # body chunks relayed from the answering target (a stream's, for Live)
 
     def history_row(self) -> HistoryRow:
         decision = self.decision.to_dict() if self.decision else {}
@@ -220,7 +221,8 @@ class Router:
                 flight.ttft_s,
                 time.monotonic() - flight.started,
             )
-            self.state.end(pool, flight.retries_held, flight.history_row())
+            chunks = flight.chunks if flight.stream else 0
+            self.state.end(pool, flight.retries_held, flight.history_row(), chunks)
             if admission is not None and admission.refused is None:
                 used = sum(flight.usage) if flight.usage else 0
                 await asyncio.shield(self.state.settle(admission, used))
@@ -589,6 +591,7 @@ class Router:
         """Record the final attempt: health, speed, continuity, the flight's outcome."""
         now = time.monotonic()
         flight.status = status
+        flight.chunks = chunks
         if phase is not None:
             reason = refusal or f"not retried: {phase.description}"
             self._record_attempt(flight, target, phase, status, False, reason)
