@@ -220,6 +220,7 @@ class Router:
                 flight.queue_wait_s,
                 flight.ttft_s,
                 time.monotonic() - flight.started,
+                flight.usage,
             )
             chunks = flight.chunks if flight.stream else 0
             self.state.end(pool, flight.retries_held, flight.history_row(), chunks)
