@@ -8,7 +8,7 @@ request, so a missing bucket is a quiet one); a percentile without samples is No
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -174,17 +174,25 @@ def series(buckets: Buckets, now: float, target_ids: Sequence[int]) -> Series:
     """Return the last CHART_SPAN_S as chart columns, oldest first."""
     newest = last_complete(now)
     starts = [newest - i * BUCKET_S for i in range(CHART_SPAN_S // BUCKET_S)][::-1]
-    rows = [buckets.get(start, EMPTY) for start in starts]
+    # Before the first bucket any gateway wrote there is no data (nothing counted yet, or no
+    # gateway ran): a gap, not zero. After it, a missing bucket is a quiet one.
+    first = min(buckets, default=None)
+    rows = [
+        None if first is None or start < first else buckets.get(start, EMPTY) for start in starts
+    ]
+
+    def per_s(value: Callable[[Bucket], float]) -> list[float | None]:
+        return [None if b is None else value(b) / BUCKET_S for b in rows]
+
     return Series(
         # A bucket is drawn at its end: the moment its figures were true.
         times=[float(start + BUCKET_S) for start in starts],
-        requests_per_s=[b.requests / BUCKET_S for b in rows],
-        tokens_per_s=[b.completion_tokens / BUCKET_S for b in rows],
-        ttft_p50_ms=[percentile(b.ttft, 0.5) for b in rows],
-        ttft_p95_ms=[percentile(b.ttft, 0.95) for b in rows],
+        requests_per_s=per_s(lambda b: b.requests),
+        tokens_per_s=per_s(lambda b: b.completion_tokens),
+        ttft_p50_ms=[None if b is None else percentile(b.ttft, 0.5) for b in rows],
+        ttft_p95_ms=[None if b is None else percentile(b.ttft, 0.95) for b in rows],
         target_requests_per_s={
-            target_id: [b.targets.get(target_id, 0) / BUCKET_S for b in rows]
-            for target_id in target_ids
+            target_id: per_s(lambda b, t=target_id: b.targets.get(t, 0)) for target_id in target_ids
         },
     )
 

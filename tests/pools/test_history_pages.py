@@ -176,6 +176,21 @@ def test_replay_shows_then_and_now_side_by_side(teammate: Client) -> None:
     assert "Today it would go elsewhere" in text
 
 
+def test_replay_of_a_retried_request_compares_its_first_ranking(teammate: Client) -> None:
+    pool = make_pool("chat")
+    first, second = make_target(pool, "first"), make_target(pool, "second")
+    final = decision(second, skipped=(first,))
+    final["per_attempt"] = [decision(first, second), decision(second, skipped=(first,))]
+    retried = record(pool, 1, second, attempt_count=2, decision=final)
+
+    text = teammate.get(f"/history/{retried.request_id}/?replay=1").content.decode()
+
+    then = text.split('class="replay-then"')[1].split('class="replay-now"')[0]
+    assert "Then (first attempt)" in then
+    assert "already tried" not in then
+    assert 'data-candidate="first"' in then
+
+
 def test_an_outsider_sees_no_history_of_other_projects() -> None:
     pool = make_pool("chat")
     hidden = record(pool, 1)

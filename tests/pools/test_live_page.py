@@ -65,6 +65,18 @@ def test_figures_are_the_latest_complete_ten_seconds_of_every_gateways_counts() 
     assert 25.0 < (shown.ttft_p50_ms or 0) < 50.0
 
 
+def test_charts_have_a_gap_before_the_first_count_and_zero_after_it() -> None:
+    busy = Bucket(requests=10, completion_tokens=50, targets={7: 10})
+    now = 1_000_000.0 + 3 * BUCKET_S + 1.6
+
+    columns = live_figures.series({1_000_000: busy}, now, [7])
+
+    assert columns.requests_per_s[-4:] == [None, 2.0, 0.0, 0.0]
+    assert columns.target_requests_per_s[7][-3:] == [2.0, 0.0, 0.0]
+    assert columns.ttft_p50_ms[-3:] == [None, None, None]  # no samples: no data
+    assert columns.times[-1] == 1_000_000 + 3 * BUCKET_S
+
+
 async def test_two_gateways_counts_add_up_in_one_bucket(prefix: str) -> None:
     first, second = (Publisher(django_settings.REDIS_URL, prefix) for _ in range(2))
     counters = LiveCounters()
