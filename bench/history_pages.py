@@ -21,9 +21,13 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+
+if TYPE_CHECKING:
+    from pools.models import Pool, Target
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -134,7 +138,7 @@ def run(rows: int, runs: int) -> None:
     print(f"  target+outcome, page 1 after the prune: {took_ms:.1f} ms")
 
 
-def write(pool: object, targets: list[object], rows: int, *, newest: bool = False) -> None:
+def write(pool: Pool, targets: list[Target], rows: int, *, newest: bool = False) -> None:
     from pools.models import RoutingRecord
 
     # Older than now by one second a row (newest: the last seconds, after the first rows).
@@ -150,7 +154,7 @@ def write(pool: object, targets: list[object], rows: int, *, newest: bool = Fals
                 pool=pool,
                 kind="chat",
                 target=target,
-                target_name=target.name,  # type: ignore[attr-defined]
+                target_name=target.name,
                 outcome=outcome,
                 status_code=200 if outcome == "ok" else 502,
                 attempt_count=attempts,
@@ -158,7 +162,7 @@ def write(pool: object, targets: list[object], rows: int, *, newest: bool = Fals
                 ttft_ms=40.0 + n % 100,
                 total_ms=400.0 + n % 1000,
                 created_at=start + timedelta(seconds=n),
-                decision={"target_id": target.pk, "ranking": [], "skipped": []},  # type: ignore[attr-defined]
+                decision={"target_id": target.pk, "ranking": [], "skipped": []},
             )
         )
         if len(batch) == 5000:

@@ -42,12 +42,16 @@ class HistoryFilterForm(forms.Form):
 
     def __init__(self, data: Any, pools: QuerySet[Pool]) -> None:
         super().__init__(data)
-        self.fields["pool"].choices = [
+        pool_field = self.fields["pool"]
+        target_field = self.fields["target"]
+        assert isinstance(pool_field, forms.ChoiceField)
+        assert isinstance(target_field, forms.ChoiceField)
+        pool_field.choices = [
             ("", "Any pool"),
             *pools.order_by("slug").values_list("slug", "name"),
         ]
         targets = Target.objects.filter(pool__in=pools).select_related("pool")
-        self.fields["target"].choices = [
+        target_field.choices = [
             ("", "Any target"),
             *((t.pk, f"{t.pool.slug} / {t.name}") for t in targets.order_by("pool__slug", "name")),
         ]

@@ -192,9 +192,13 @@ def series(buckets: Buckets, now: float, target_ids: Sequence[int]) -> Series:
         ttft_p50_ms=[None if b is None else percentile(b.ttft, 0.5) for b in rows],
         ttft_p95_ms=[None if b is None else percentile(b.ttft, 0.95) for b in rows],
         target_requests_per_s={
-            target_id: per_s(lambda b, t=target_id: b.targets.get(t, 0)) for target_id in target_ids
+            target_id: per_s(_requests_of(target_id)) for target_id in target_ids
         },
     )
+
+
+def _requests_of(target_id: int) -> Callable[[Bucket], float]:
+    return lambda bucket: bucket.targets.get(target_id, 0)
 
 
 def read_buckets(pool_ids: Sequence[int], now: float) -> dict[int, dict[int, Bucket]]:
