@@ -162,6 +162,37 @@ async def test_the_socket_sends_the_pages_own_partial_at_once_and_then_every_sec
     assert 0.5 < waited < 2.5
 
 
+async def test_a_page_that_reconnects_catches_up_with_what_it_missed(
+    transactional_db: None, prefix: str
+) -> None:
+    pool = await sync_to_async(make_pool)("chat", name="Chat models")
+    user = await sync_to_async(default_viewer)("teammate")
+    socket = await socket_of("/ws/live/", user)
+    first = await socket.receive_from(timeout=5)
+    await socket.disconnect()
+    assert 'data-figure="requests">0 req/s<' in first
+
+    # While the socket is down a gateway counts 60 requests in a bucket now complete.
+    counters = LiveCounters()
+    for _ in range(60):
+        counters.add(pool.pk, None, "ok", 20.0, 1, 3)
+    publisher = Publisher(django_settings.REDIS_URL, prefix)
+    earlier = time.time() - BUCKET_S - 2.0
+    try:
+        readings = GatewayReadings(publisher.process, earlier, False, {}, {}, {})
+        await publisher.publish(readings, counters.take())
+    finally:
+        await publisher.aclose()
+    socket = await socket_of("/ws/live/", user)
+    try:
+        caught_up = await socket.receive_from(timeout=5)
+    finally:
+        await socket.disconnect()
+
+    assert 'data-figure="requests">6.0 req/s<' in caught_up
+    assert 'data-figure="tokens">18 tok/s<' in caught_up
+
+
 async def test_a_pool_outside_the_users_projects_has_no_socket(
     transactional_db: None, prefix: str
 ) -> None:
