@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 from nexus import access, live
 from nexus.consumers import LiveConsumer
 from pools import live as pools_live
-from pools import live_views
+from pools import live_figures, live_views
 
 
 class PoolsConsumer(LiveConsumer):
@@ -53,10 +53,11 @@ class LivePageConsumer(LiveConsumer):
         pools = live_views.pools_for_push(self.user, slug)
         if pools is None:  # the pool was deleted or moved out of reach since the socket opened
             return ""
-        return live_views.live_fragments(pools, single=slug is not None)
+        return live_views.live_fragments(pools, single=slug is not None, cache=self.buckets)
 
     async def connect(self) -> None:
         self.ticker: asyncio.Task[None] | None = None
+        self.buckets = live_figures.BucketCache()
         await super().connect()
         if getattr(self, "user", None) is not None:  # accepted
             self.ticker = asyncio.create_task(self.tick_forever())

@@ -201,27 +201,53 @@ def _requests_of(target_id: int) -> Callable[[Bucket], float]:
     return lambda bucket: bucket.targets.get(target_id, 0)
 
 
-def read_buckets(pool_ids: Sequence[int], now: float) -> dict[int, dict[int, Bucket]]:
-    """Return each pool's buckets of the last CHART_SPAN_S from Redis (none if unreachable)."""
+def read_buckets(
+    pool_ids: Sequence[int], now: float, cache: BucketCache | None = None
+) -> dict[int, dict[int, Bucket]]:
+    """Return each pool's buckets of the last CHART_SPAN_S from Redis (none if unreachable).
+
+    With a cache, complete buckets are read once: only the newer ones are asked again.
+    """
     if not pool_ids:
         return {}
     prefix = settings.NEXUS_REDIS_PREFIX
     newest = counters.bucket_of(now)
     starts = [newest - i * BUCKET_S for i in range(CHART_SPAN_S // BUCKET_S + 2)]
+    complete = last_complete(now)
+    wanted = [
+        (pool_id, start)
+        for pool_id in pool_ids
+        for start in starts
+        if cache is None or start > complete or (pool_id, start) not in cache.known
+    ]
     client = redis_client()
     try:
         pipe = client.pipeline(transaction=False)
-        for pool_id in pool_ids:
-            for start in starts:
-                pipe.hgetall(counters.counts_key(prefix, pool_id, start))
-        answers = iter(pipe.execute())
+        for pool_id, start in wanted:
+            pipe.hgetall(counters.counts_key(prefix, pool_id, start))
+        answers = pipe.execute()
     except RedisError:
         return {}
-    found: dict[int, dict[int, Bucket]] = {}
-    for pool_id in pool_ids:
-        found[pool_id] = {}
-        for start in starts:
-            fields = next(answers)
-            if fields:
-                found[pool_id][start] = Bucket.parse(fields)
+    found: dict[int, dict[int, Bucket]] = {pool_id: {} for pool_id in pool_ids}
+    for (pool_id, start), fields in zip(wanted, answers, strict=True):
+        bucket = Bucket.parse(fields) if fields else None
+        if cache is not None and start <= complete:
+            cache.known[pool_id, start] = bucket
+        if bucket is not None:
+            found[pool_id][start] = bucket
+    if cache is not None:
+        oldest = starts[-1]
+        for (pool_id, start), bucket in list(cache.known.items()):
+            if start < oldest:
+                del cache.known[pool_id, start]
+            elif bucket is not None and pool_id in found:
+                found[pool_id].setdefault(start, bucket)
     return found
+
+
+@dataclass
+class BucketCache:
+    """Complete buckets already read (None: none was written), by pool and start; one per open
+    Live page, so that its pushes read only the newest buckets from Redis."""
+
+    known: dict[tuple[int, int], Bucket | None] = field(default_factory=dict)

@@ -40,12 +40,17 @@ def watched_pools(user: Any, slug: str | None) -> list[Pool] | None:
     return [pool] if pool is not None else None
 
 
-def live_context(pools: list[Pool], single: bool, now: float | None = None) -> dict[str, Any]:
-    """Return what the Live page's partials need: figures, targets, pools, decisions, charts."""
-    now = time.time() if now is None else now
+def live_context(
+    pools: list[Pool], single: bool, cache: live_figures.BucketCache | None = None
+) -> dict[str, Any]:
+    """Return what the Live page's partials need: figures, targets, pools, decisions, charts.
+
+    cache: the complete buckets an open page's socket has read already.
+    """
+    now = time.time()
     targets = [target for pool in pools for target in pool.targets.all()]
     state = pools_live.live_state([target.id for target in targets])
-    by_pool = live_figures.read_buckets([pool.id for pool in pools], now)
+    by_pool = live_figures.read_buckets([pool.id for pool in pools], now, cache)
     merged = live_figures.merge_pools(by_pool.values())
     overall = live_figures.figures(merged, now)
     rows = []
@@ -143,9 +148,11 @@ def live_charts(
     return found
 
 
-def live_fragments(pools: list[Pool], single: bool) -> str:
+def live_fragments(
+    pools: list[Pool], single: bool, cache: live_figures.BucketCache | None = None
+) -> str:
     """Return the page's live parts as they are now, rendered for a push (figures and charts)."""
-    context = live_context(pools, single)
+    context = live_context(pools, single, cache)
     return live.fragment(LIVE_NOW, context) + live.fragment(LIVE_CHARTS, context)
 
 

@@ -17,7 +17,7 @@ from django.conf import settings as django_settings
 from django.test import Client
 
 from pools import live_figures
-from pools.gateway.counters import BUCKET_S, LiveCounters, bucket_of
+from pools.gateway.counters import BUCKET_S, LiveCounters, bucket_of, counts_key
 from pools.gateway.publish import GatewayReadings, Publisher
 from pools.live_figures import Bucket, figures, percentile
 from tests.nexus.factories import make_pool, make_target, make_user
@@ -104,6 +104,25 @@ async def test_two_gateways_counts_add_up_in_one_bucket(prefix: str) -> None:
         ttft=(0, 2) + (0,) * 11,
         targets={9: 2},
     )
+
+
+def test_an_open_page_reads_each_complete_bucket_once(prefix: str) -> None:
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    now = time.time()
+    done, current = live_figures.last_complete(now), bucket_of(now)
+    for start in (done, current):
+        client.hset(counts_key(prefix, 5, start), mapping={"n": 10})
+    cache = live_figures.BucketCache()
+    first = live_figures.read_buckets([5], now, cache)
+
+    for start in (done, current):
+        client.hset(counts_key(prefix, 5, start), mapping={"n": 99})
+    again = live_figures.read_buckets([5], now, cache)
+
+    assert first[5][done].requests == first[5][current].requests == 10
+    assert again[5][done].requests == 10  # complete: read once, kept
+    assert again[5][current].requests == 99  # still being written: read again
+    client.close()
 
 
 @pytest.mark.django_db
