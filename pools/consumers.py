@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
@@ -12,6 +13,8 @@ from nexus import access, live
 from nexus.consumers import LiveConsumer
 from pools import live as pools_live
 from pools import live_figures, live_views
+
+log = logging.getLogger(__name__)
 
 
 class PoolsConsumer(LiveConsumer):
@@ -75,5 +78,10 @@ class LivePageConsumer(LiveConsumer):
         render = database_sync_to_async(self.current)
         while True:
             await asyncio.sleep(self.tick_s)
-            html = await render(audience, url)
+            try:
+                html = await render(audience, url)
+            except Exception:
+                # A failing read (database, Redis) skips a tick; the page keeps its last frame.
+                log.exception("could not render the Live page's tick")
+                continue
             await self.live_fragments({"type": "live.fragments", "key": "tick", "html": html})
