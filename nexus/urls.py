@@ -23,6 +23,8 @@ urlpatterns = [
     path("store/", include("serving.store_urls")),
     path("chat/", include("serving.chat_urls")),
     path("tokens/", include("pools.token_urls")),
+    path("history/", include("pools.history_urls")),
+    path("live/", include("pools.live_urls")),
     path("ui/", include("nexus.ui.urls")),
     path("api/v1/", include("nexus.api.urls")),
     path("api/v1/", include("pools.api.urls")),

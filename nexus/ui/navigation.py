@@ -34,8 +34,8 @@ NAVIGATION: tuple[tuple[str, tuple[Item, ...]], ...] = (
             Item("Pools", "pools:list"),
             Item("Nodes", "nodes:list"),
             Item("Deployments", "deployments:list"),
-            Item("Live"),
-            Item("History"),
+            Item("Live", "live:overview"),
+            Item("History", "history:list"),
         ),
     ),
     (

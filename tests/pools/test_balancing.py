@@ -297,6 +297,26 @@ def test_a_connect_failure_moves_the_request_to_the_other_target(world: World) -
     ]  # fmt: skip
 
 
+def test_the_history_of_a_retried_request_keeps_the_decision_of_each_attempt(
+    world: World,
+) -> None:
+    answer = world.chat("connect-retry")
+
+    record = world.record(answer)
+    first, second = record.decision["per_attempt"]
+    unreachable = world.target_id("connect-retry", "unreachable")
+    good = world.target_id("connect-retry", "good")
+    assert record.attempt_count == 2
+    assert first["target_id"] == record.attempts[0]["target_id"]
+    # Tier 1 holds the unreachable target alone; the retry's ranking is tier 2's.
+    assert [ranked["target_id"] for ranked in first["ranking"]] == [unreachable]
+    assert first["ranking"][0]["factors"]
+    assert second["target_id"] == good
+    assert [(skip["target_id"], skip["reason"]) for skip in second["skipped"]] == [
+        (unreachable, "already tried")
+    ]
+
+
 @pytest.mark.parametrize("status", [429, 503])
 def test_a_refusal_before_output_moves_the_request_to_the_other_target(
     world: World, status: int
