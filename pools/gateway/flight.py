@@ -17,12 +17,13 @@ import hashlib
 import json
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import httpx
+from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exceptions
 
 from nexus import upstream
 from pools.balancer import explain
@@ -525,7 +526,7 @@ class Router:
             await send(start)
             tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
             try:
-                async for chunk in response.aiter_raw():
+                async for chunk in arrived_chunks(response):
                     timer.heard()
                     if first_at is None:
                         first_at = time.monotonic()
@@ -621,6 +622,27 @@ class Router:
             session_key=flight.session_key,
             prefix_key=flight.prefix_key,
         )
+
+
+async def arrived_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """Yield the answer's body as it arrives: each time, everything that has arrived, in one piece.
+
+    Never waits for more than the first byte: what the engine wrote while the relay was busy
+    (sending the last piece, or other streams' turns) goes out in one client send, so a stream
+    costs one send per event-loop turn at most, not one per upstream write. Over the aiohttp
+    transport it reads aiohttp's buffer directly: httpx's aiter_raw would cap each read at 16 KiB
+    and add two generator layers per chunk.
+    """
+    stream = response.stream
+    if not isinstance(stream, AiohttpResponseStream):
+        async for chunk in response.aiter_raw():
+            yield chunk
+        return
+    # The transport keeps its aiohttp response private; its reader is the one aiter_raw reads.
+    content = stream._aiohttp_response.content
+    with map_aiohttp_exceptions():  # the same httpx errors as aiter_raw raises
+        while chunk := await content.readany():
+            yield chunk
 
 
 def _upstream_request(flight: Flight, target: TargetEntry) -> httpx.Request:

@@ -1,0 +1,96 @@
+"""The relay's reads of an answer: everything that has arrived in one piece, never waiting for more.
+
+A real HTTP/1.1 server on 127.0.0.1 writes a chunked event stream in separate writes; the
+gateway's own upstream client (httpx over aiohttp) reads it as the relay does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+
+from nexus import upstream
+from pools.gateway.flight import arrived_chunks
+
+EVENTS = [f'data: {{"n": {n}}}\n\n'.encode() for n in range(5)]
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def http_chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+@asynccontextmanager
+async def event_server(
+    write: Callable[[asyncio.StreamWriter], object],
+) -> AsyncIterator[str]:
+    """Serve one answer per connection, written by `write`; yield the URL."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(HEAD)
+        await writer.drain()
+        await write(writer)  # type: ignore[misc]
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1/chat/completions"
+    finally:
+        server.close()
+        await server.wait_closed()
+        await upstream.close()
+
+
+async def read_pieces(url: str, before_reading: asyncio.Event | None = None) -> list[bytes]:
+    response = await upstream.get().send(httpx.Request("POST", url, content=b"{}"))
+    try:
+        if before_reading is not None:
+            await asyncio.wait_for(before_reading.wait(), 5)
+            await asyncio.sleep(0.05)  # the last writes reach this process's socket buffer
+        return [piece async for piece in arrived_chunks(response)]
+    finally:
+        await response.aclose()
+
+
+async def test_events_that_arrived_together_go_out_in_one_piece() -> None:
+    written = asyncio.Event()
+    ended = asyncio.Event()
+
+    async def write_all_at_once(writer: asyncio.StreamWriter) -> None:
+        for event in EVENTS:
+            writer.write(http_chunk(event))
+            await writer.drain()  # one write each: five separate upstream chunks
+        written.set()
+        await asyncio.wait_for(ended.wait(), 5)
+
+    async with event_server(write_all_at_once) as url:
+        reading = asyncio.create_task(read_pieces(url, before_reading=written))
+        # The relay starts reading only once all five are there: one read takes them all.
+        await asyncio.wait_for(written.wait(), 5)
+        await asyncio.sleep(0.2)
+        ended.set()
+        pieces = await asyncio.wait_for(reading, 5)
+
+    assert pieces[0] == b"".join(EVENTS)
+    assert b"".join(pieces) == b"".join(EVENTS)
+
+
+async def test_events_written_apart_go_out_one_by_one_as_they_come() -> None:
+    async def write_slowly(writer: asyncio.StreamWriter) -> None:
+        for event in EVENTS:
+            writer.write(http_chunk(event))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with event_server(write_slowly) as url:
+        pieces = await asyncio.wait_for(read_pieces(url), 10)
+
+    # Nothing is held back for company: each event is sent as soon as it arrives.
+    assert pieces == EVENTS
