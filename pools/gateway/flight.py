@@ -37,7 +37,7 @@ from pools.balancer.retry import (
 from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, Skipped, SkipReason
 from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
-from pools.gateway.history import AttemptRow, HistoryRow
+from pools.gateway.history import AttemptRow, DecisionFacts, HistoryRecord
 from pools.gateway.ledger import Admission, Lease
 from pools.gateway.silence import SilenceTimer
 from pools.gateway.snapshot import PoolEntry, TargetEntry, TokenEntry
@@ -143,42 +143,42 @@ class Flight:
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens the answer reported
     chunks: int = 0  # body chunks relayed from the answering target (a stream's, for Live)
 
-    def history_row(self) -> HistoryRow:
-        decision = self.decision.to_dict() if self.decision else {}
-        if len(self.decisions) > 1 or (self.decisions and self.decisions[-1] is not self.decision):
-            # Retried (or no target was left after a failure): each attempt's own ranking, which
-            # the latest decision shows only as "already tried". Built only then: the common
-            # request of one attempt pays nothing for it.
-            decision["per_attempt"] = [earlier.to_dict() for earlier in self.decisions]
-        decision["request"] = {
-            "kind": self.kind,
-            "sticky_target_id": self.facts.sticky_target_id,
-            "prefix_target_id": self.facts.prefix_target_id,
-        }
-        if self.forward is not None:
-            decision["request"]["method"] = self.forward.method
-            decision["request"]["path"] = self.forward.client_path
-        return {
-            "request_id": self.request_id,
-            "pool_id": self.pool.id,
-            "kind": self.kind,
-            "outcome": self.outcome,
-            "created_at": self.arrived,
-            "token_id": self.token.id if self.token else None,
-            "token_name": self.token.name if self.token else "",
-            "target_id": self.target.id if self.target else None,
-            "target_name": self.target.name if self.target else "",
-            "status_code": self.status,
-            "failure_reason": self.failure_reason,
-            "attempts": self.attempts,
-            "decision": decision,
-            "queue_wait_ms": round(self.queue_wait_s * 1000, 3),
-            "ttft_ms": round(self.ttft_s * 1000, 3) if self.ttft_s is not None else None,
-            "total_ms": round((time.monotonic() - self.started) * 1000, 3),
-            "stream": self.stream,
-            "prompt_tokens": self.usage[0] if self.usage else None,
-            "completion_tokens": self.usage[1] if self.usage else None,
-        }
+    def history_record(self) -> HistoryRecord:
+        """Return the compact record the history writer turns into a row (off the event loop)."""
+        forward = self.forward
+        decision = DecisionFacts(
+            self.decision,
+            tuple(self.decisions),
+            self.kind,
+            self.facts.sticky_target_id,
+            self.facts.prefix_target_id,
+            forward.method if forward is not None else None,
+            forward.client_path if forward is not None else None,
+        )
+        target = self.target
+        token = self.token
+        usage = self.usage
+        return HistoryRecord(
+            self.request_id,
+            self.pool.id,
+            self.kind,
+            self.outcome,
+            self.arrived,
+            token.id if token else None,
+            token.name if token else "",
+            target.id if target else None,
+            target.name if target else "",
+            self.status,
+            self.failure_reason,
+            self.attempts,
+            decision,
+            round(self.queue_wait_s * 1000, 3),
+            round(self.ttft_s * 1000, 3) if self.ttft_s is not None else None,
+            round((time.monotonic() - self.started) * 1000, 3),
+            self.stream,
+            usage[0] if usage else None,
+            usage[1] if usage else None,
+        )
 
 
 class Router:
@@ -224,7 +224,7 @@ class Router:
                 flight.usage,
             )
             chunks = flight.chunks if flight.stream else 0
-            self.state.end(pool, flight.retries_held, flight.history_row(), chunks)
+            self.state.end(pool, flight.retries_held, flight.history_record(), chunks)
             if admission is not None and admission.refused is None:
                 used = sum(flight.usage) if flight.usage else 0
                 await asyncio.shield(self.state.settle(admission, used))

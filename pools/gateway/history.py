@@ -1,22 +1,27 @@
-"""Routing history, buffered in memory and written in batches off the request path.
+"""Routing history, handed over as compact records and written in batches by a writer thread.
 
-Each batch also adds its requests to the tokens' hourly usage (TokenUsage), in the same
-transaction: usage is never written per request either.
+The request only appends a tuple (HistoryRecord) to a bounded buffer: no dict building, no
+serialisation, no I/O on the event loop. The writer thread turns records into rows (the
+decision's explanation is built there, from the Decision objects), inserts each batch in one
+statement and adds it to the tokens' hourly usage (TokenUsage) in the same transaction: usage is
+never written per request either.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import threading
+import time
 from collections import deque
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
-from asgiref.sync import sync_to_async
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.db.models import F
 
+from pools.balancer.snapshot import Decision
 from pools.gateway import metrics
 from pools.models import Pool, RoutingOutcome, RoutingRecord, Target, TokenUsage
 
@@ -43,32 +48,67 @@ class AttemptRow(TypedDict):
     reason: str
 
 
-class HistoryRow(TypedDict, total=False):
+class DecisionFacts(NamedTuple):
+    """A request's routing decisions as the balancer made them, explained only when written."""
+
+    latest: Decision | None  # the last attempt's, or the one that found none
+    per_attempt: tuple[Decision, ...]  # the decision that chose each attempt's target
+    kind: str
+    sticky_target_id: int | None
+    prefix_target_id: int | None
+    method: str | None = None  # a forwarded (/serve) request's
+    path: str | None = None
+
+    def explain(self) -> dict[str, Any]:
+        """Return the explanation kept in the history (RoutingRecord.decision)."""
+        decision = self.latest.to_dict() if self.latest else {}
+        if len(self.per_attempt) > 1 or (self.per_attempt and self.per_attempt[-1] is not self.latest):
+            # Retried (or no target was left after a failure): each attempt's own ranking, which
+            # the latest decision shows only as "already tried".
+            decision["per_attempt"] = [earlier.to_dict() for earlier in self.per_attempt]
+        request: dict[str, Any] = {
+            "kind": self.kind,
+            "sticky_target_id": self.sticky_target_id,
+            "prefix_target_id": self.prefix_target_id,
+        }
+        if self.method is not None:
+            request["method"] = self.method
+            request["path"] = self.path
+        decision["request"] = request
+        return decision
+
+
+class HistoryRecord(NamedTuple):
     """What the gateway records per request: RoutingRecord's fields, by id for relations."""
 
-    request_id: str  # required
-    pool_id: int  # required
-    kind: str  # required
-    outcome: str  # required
+    request_id: str
+    pool_id: int
+    kind: str
+    outcome: str
     created_at: datetime | float  # when the request arrived (epoch seconds accepted)
-    token_id: int | None
-    token_name: str
-    target_id: int | None
-    target_name: str
-    status_code: int | None
-    failure_reason: str
-    attempts: list[AttemptRow]
-    decision: dict[str, Any]
-    queue_wait_ms: float
-    ttft_ms: float | None
-    total_ms: float
-    stream: bool
-    prompt_tokens: int | None
-    completion_tokens: int | None
+    token_id: int | None = None
+    token_name: str = ""
+    target_id: int | None = None
+    target_name: str = ""
+    status_code: int | None = None
+    failure_reason: str = ""
+    attempts: list[AttemptRow] | tuple[()] = ()
+    # The gateway's decisions, or an explanation already built (a record made elsewhere).
+    decision: DecisionFacts | Mapping[str, Any] | None = None
+    queue_wait_ms: float = 0.0
+    ttft_ms: float | None = None
+    total_ms: float = 0.0
+    stream: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 class HistoryWriter:
-    """Collect routing records in memory and write them in batches from a background task."""
+    """Collect routing records in memory and write them in batches from a thread of its own.
+
+    record() runs on the request's event loop and only appends; the thread, started with the
+    first record, wakes every flush interval (or when a whole batch waits), serialises and writes.
+    """
 
     def __init__(
         self,
@@ -85,72 +125,81 @@ class HistoryWriter:
         self.max_write_attempts = max_write_attempts
         self.retry_delay_s = retry_delay_s
         self.written = 0
-        self.dropped = 0
-        self._buffer: deque[HistoryRow] = deque()
-        self._batch_ready = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
+        # Counted apart: the request's thread counts a full buffer, the writer a failed batch.
+        self._dropped_full = 0
+        self._dropped_failed = 0
+        self._buffer: deque[HistoryRecord] = deque()  # append and popleft are thread-safe
+        self._wake = threading.Event()
         self._closing = False
-        self._write_lock: asyncio.Lock | None = None
+        self._thread: threading.Thread | None = None
 
-    def record(self, row: HistoryRow) -> None:
+    @property
+    def dropped(self) -> int:
+        """Return how many records were lost: buffer full, or database failing."""
+        return self._dropped_full + self._dropped_failed
+
+    def record(self, record: HistoryRecord) -> None:
         """Queue one request's record; no I/O, never blocks."""
         if len(self._buffer) >= self.max_buffered:
-            self.dropped += 1
+            self._dropped_full += 1
             metrics.HISTORY_DROPPED.inc()
             return
-        self._buffer.append(row)
+        self._buffer.append(record)
         if len(self._buffer) >= self.batch_size:
-            self._batch_ready.set()
-        if self._flusher is None or self._flusher.done():
-            self._start()
+            self._wake.set()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._write_forever, name="nexus-history", daemon=True
+            )
+            self._thread.start()
 
     def pending(self) -> int:
-        """Return how many rows wait to be written."""
+        """Return how many records wait to be written (one batch may be being written)."""
         return len(self._buffer)
 
-    async def flush(self) -> None:
-        """Write every buffered row now."""
-        if self._write_lock is None:
-            self._write_lock = asyncio.Lock()
-        async with self._write_lock:
-            while self._buffer:
-                count = min(self.batch_size, len(self._buffer))
-                batch = [self._buffer.popleft() for _ in range(count)]
-                await self._write(batch)
+    def close(self) -> None:
+        """Write every buffered record, then stop the thread (at shutdown, and in tests)."""
+        thread = self._thread
+        if thread is not None:
+            self._closing = True
+            self._wake.set()
+            thread.join()
+            self._closing = False
+            self._thread = None
+        if self._buffer:  # recorded while no thread ran
+            self._write_buffered()
 
     async def aclose(self) -> None:
-        """Stop the background task after writing every buffered row."""
-        flusher, self._flusher = self._flusher, None
-        if flusher is not None:
-            self._closing = True
-            self._batch_ready.set()
-            await flusher
-            self._closing = False
-        await self.flush()
+        """close(), without blocking the event loop."""
+        await asyncio.to_thread(self.close)
 
-    def _start(self) -> None:
+    def _write_forever(self) -> None:
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no event loop yet: the rows wait for flush() or the next record()
-        self._flusher = loop.create_task(self._flush_forever())
+            while not self._closing:
+                # Wake at the interval, or earlier when a whole batch is waiting.
+                self._wake.wait(self.flush_interval_s)
+                self._wake.clear()
+                self._write_buffered()
+            self._write_buffered()
+        finally:
+            # The thread's own database connection goes with it.
+            connection.close()
 
-    async def _flush_forever(self) -> None:
-        while not self._closing:
-            # Wake at the interval, or earlier when a whole batch is waiting.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._batch_ready.wait(), self.flush_interval_s)
-            self._batch_ready.clear()
+    def _write_buffered(self) -> None:
+        while self._buffer:
+            batch = []
+            while self._buffer and len(batch) < self.batch_size:
+                batch.append(self._buffer.popleft())
             try:
-                await self.flush()
+                self._write(batch)
             except Exception:
-                # flush() handles database errors; anything else must not end the writer.
-                log.exception("routing history flush failed")
+                # _write handles database errors; anything else must not end the writer.
+                log.exception("routing history write failed")
 
-    async def _write(self, batch: list[HistoryRow]) -> None:
+    def _write(self, batch: list[HistoryRecord]) -> None:
         for attempt in range(1, self.max_write_attempts + 1):
             try:
-                self.written += await sync_to_async(write_rows)(batch)
+                self.written += write_rows(batch)
                 return
             except Exception:
                 if attempt == self.max_write_attempts:
@@ -162,8 +211,8 @@ class HistoryWriter:
                     self.max_write_attempts,
                     exc_info=True,
                 )
-                await asyncio.sleep(self.retry_delay_s * 2 ** (attempt - 1))
-        self.dropped += len(batch)
+                time.sleep(self.retry_delay_s * 2 ** (attempt - 1))
+        self._dropped_failed += len(batch)
         metrics.HISTORY_DROPPED.inc(len(batch))
         log.error(
             "dropped %d routing records after %d attempts (%d dropped so far)",
@@ -174,45 +223,68 @@ class HistoryWriter:
         )
 
 
-def write_rows(rows: list[HistoryRow]) -> int:
-    """Insert the rows in one statement and add them to the usage; return how many were written."""
+def write_rows(records: list[HistoryRecord]) -> int:
+    """Insert the records in one statement and add them to the usage; return how many were
+    written."""
     try:
-        with transaction.atomic():
-            records = _records(rows)
-            # ignore_conflicts: a batch retried after a write that did succeed inserts nothing
-            # twice (its usage would count twice: only if the commit's answer was lost).
-            RoutingRecord.objects.bulk_create(records, ignore_conflicts=True)
-            add_usage(records)
-        return len(records)
+        try:
+            return _insert(_rows(records))
+        except IntegrityError:
+            # A pool or target was deleted since its requests (the database refused a foreign
+            # key): only now look up which still exist.
+            return _insert(_rows(records, existing=_existing(records)))
     except Exception:
         # A dropped database connection must not stick: the next attempt reconnects.
         close_old_connections()
         raise
 
 
-def _records(rows: list[HistoryRow]) -> list[RoutingRecord]:
-    # Pools and targets may have been deleted since the requests: rows of a deleted pool go with
-    # it (as its history would have), and a deleted target is kept by name only.
-    wanted_pools = {pool for row in rows if (pool := row.get("pool_id")) is not None}
-    pool_ids = set(Pool.objects.filter(pk__in=wanted_pools).values_list("pk", flat=True))
-    wanted_targets = {target for row in rows if (target := row.get("target_id")) is not None}
-    target_ids = set(Target.objects.filter(pk__in=wanted_targets).values_list("pk", flat=True))
-    records = []
-    for row in rows:
-        if row.get("pool_id") not in pool_ids:
-            continue
-        fields: dict[str, Any] = dict(row)
-        if fields.get("target_id") not in target_ids:
-            fields["target_id"] = None
-        fields["attempt_count"] = len(fields.get("attempts", ()))
-        created_at = fields.get("created_at")
-        if isinstance(created_at, int | float):
-            fields["created_at"] = datetime.fromtimestamp(created_at, UTC)
+def _insert(rows: list[RoutingRecord]) -> int:
+    with transaction.atomic():
+        # ignore_conflicts: a batch retried after a write that did succeed inserts nothing
+        # twice (its usage would count twice: only if the commit's answer was lost).
+        RoutingRecord.objects.bulk_create(rows, ignore_conflicts=True)
+        add_usage(rows)
+    return len(rows)
+
+
+def _existing(records: list[HistoryRecord]) -> tuple[set[int], set[int]]:
+    """Return which of the records' pools and targets still exist."""
+    pools = {record.pool_id for record in records}
+    targets = {record.target_id for record in records if record.target_id is not None}
+    return (
+        set(Pool.objects.filter(pk__in=pools).values_list("pk", flat=True)),
+        set(Target.objects.filter(pk__in=targets).values_list("pk", flat=True)),
+    )
+
+
+def _rows(
+    records: list[HistoryRecord], existing: tuple[set[int], set[int]] | None = None
+) -> list[RoutingRecord]:
+    """Build the model rows; with `existing` (pools, targets), rows of a deleted pool go with
+    it (as its history would have), and a deleted target is kept by name only."""
+    rows = []
+    for record in records:
+        fields: dict[str, Any] = record._asdict()
+        if existing is not None:
+            if record.pool_id not in existing[0]:
+                continue
+            if record.target_id not in existing[1]:
+                fields["target_id"] = None
+        decision = record.decision
+        if isinstance(decision, DecisionFacts):
+            fields["decision"] = decision.explain()
+        elif decision is None:
+            fields["decision"] = {}
+        fields["attempts"] = list(record.attempts)
+        fields["attempt_count"] = len(record.attempts)
+        if isinstance(record.created_at, int | float):
+            fields["created_at"] = datetime.fromtimestamp(record.created_at, UTC)
         try:
-            records.append(RoutingRecord(**fields))
+            rows.append(RoutingRecord(**fields))
         except (TypeError, ValueError):
-            log.error("skipped a malformed routing record: %r", row.get("request_id"))
-    return records
+            log.error("skipped a malformed routing record: %r", record.request_id)
+    return rows
 
 
 UsageKey = tuple[int, int, datetime]  # token id, pool id, hour

@@ -33,7 +33,7 @@ from pools.balancer.strategies import decide
 from pools.gateway import metrics
 from pools.gateway.counters import LiveCounters
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
-from pools.gateway.history import HistoryRow, HistoryWriter
+from pools.gateway.history import HistoryRecord, HistoryWriter
 from pools.gateway.ledger import Admission, Lease, LedgerStatus, LoadLedger, build_ledger
 from pools.gateway.publish import GatewayReadings, Publisher, TargetReading
 from pools.gateway.registry import Registry
@@ -114,21 +114,21 @@ class GatewayState:
         self._active[pool.id] += 1
 
     def end(
-        self, pool: PoolEntry, retries_held: int, row: HistoryRow, streamed_chunks: int = 0
+        self, pool: PoolEntry, retries_held: int, record: HistoryRecord, streamed_chunks: int = 0
     ) -> None:
-        """Count the request out, give back its retry slots, keep its history row and count it
-        for the Live page (a stream without `usage`: its chunks stand for its tokens)."""
+        """Count the request out, give back its retry slots, hand its record to the history and
+        count it for the Live page (a stream without `usage`: its chunks stand for its tokens)."""
         self._active[pool.id] -= 1
         for _ in range(retries_held):
             self._budget.release()
-        self._history.record(row)
-        completion = row.get("completion_tokens")
+        self._history.record(record)
+        completion = record.completion_tokens
         self._counters.add(
             pool.id,
-            row.get("target_id"),
-            row["outcome"],
-            row.get("ttft_ms"),
-            row.get("prompt_tokens"),
+            record.target_id,
+            record.outcome,
+            record.ttft_ms,
+            record.prompt_tokens,
             completion if completion is not None else streamed_chunks,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,7 @@ from rest_framework.test import APIClient
 from nexus.models import Project, Role
 from pools import history_retention, tasks
 from pools.gateway import history, metrics
-from pools.gateway.history import HistoryRow, HistoryWriter
+from pools.gateway.history import HistoryRecord, HistoryWriter
 from pools.models import Pool, RoutingOutcome, RoutingRecord, Target
 from tests.nexus.factories import make_pool, make_target, make_user
 from tests.support.personas import add_member, signed_in
@@ -33,22 +34,24 @@ DECISION = {
 }
 
 
-def row(pool: Pool, number: int, **fields: Any) -> HistoryRow:
+def row(pool: Pool, number: int, **fields: Any) -> HistoryRecord:
     """Return what the gateway would record for its request number `number`."""
-    return {
-        "request_id": f"{number:032x}",
-        "pool_id": pool.pk,
-        "kind": "chat",
-        "outcome": "ok",
-        "status_code": 200,
-        "created_at": NOW,
-        "total_ms": 12.5,
-        **fields,
-    }  # type: ignore[typeddict-item]
+    defaults: dict[str, Any] = {"status_code": 200, "total_ms": 12.5}
+    return HistoryRecord(
+        request_id=f"{number:032x}",
+        pool_id=pool.pk,
+        kind=fields.pop("kind", "chat"),
+        outcome=fields.pop("outcome", "ok"),
+        created_at=fields.pop("created_at", NOW),
+        **{**defaults, **fields},
+    )
 
 
 def make_record(pool: Pool, number: int, **fields: Any) -> RoutingRecord:
-    return RoutingRecord.objects.create(**{**row(pool, number), **fields})
+    stored = {**row(pool, number)._asdict(), "decision": {}, "attempts": []}
+    if "target" in fields:
+        del stored["target_id"]
+    return RoutingRecord.objects.create(**{**stored, **fields})
 
 
 class WriteSpy:
@@ -58,7 +61,7 @@ class WriteSpy:
         self.batches: list[int] = []
         self.fail = fail
 
-    def __call__(self, rows: list[HistoryRow]) -> int:
+    def __call__(self, rows: list[HistoryRecord]) -> int:
         self.batches.append(len(rows))
         if len(self.batches) <= self.fail:
             raise OperationalError("database is locked")
@@ -222,15 +225,30 @@ async def test_a_failing_database_drops_the_batch_after_the_retries_and_counts_i
     assert metrics.HISTORY_DROPPED._value.get() - dropped_before == 4
 
 
-def test_the_buffer_is_bounded_and_counts_what_it_drops() -> None:
-    # No event loop here: nothing is written, so the buffer fills up.
-    writer = HistoryWriter(max_buffered=5)
-    pool = Pool(pk=1, slug="chat")
+def test_the_buffer_is_bounded_and_counts_what_it_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The writer thread is stuck on its first batch (a database that does not answer): the
+    # records after it fill the buffer.
+    answer = threading.Event()
 
-    for number in range(8):
+    def stuck(rows: list[HistoryRecord]) -> int:
+        answer.wait(10)
+        return len(rows)
+
+    monkeypatch.setattr(history, "write_rows", stuck)
+    writer = HistoryWriter(max_buffered=5, batch_size=1)
+    pool = Pool(pk=1, slug="chat")
+    writer.record(row(pool, 0))
+    deadline = time.monotonic() + 5
+    while writer.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    for number in range(1, 9):
         writer.record(row(pool, number))
 
     assert (writer.pending(), writer.dropped) == (5, 3)
+    answer.set()
+    writer.close()
+    assert (writer.written, writer.pending()) == (6, 0)
 
 
 @writer_test
