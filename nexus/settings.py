@@ -165,6 +165,10 @@ NEXUS_AGENT_PORT = env_int("NEXUS_AGENT_PORT", 7100, minimum=1)
 # Model serving: how often replicas are reconciled (placed, started, rolled out, replaced) and
 # due health probes are sent. Probe timing itself follows each service's health check.
 NEXUS_SERVING_TICK_S = env_float("NEXUS_SERVING_TICK_S", 1.0, minimum=0.2)
+# Autoscaling: every rule is evaluated this often (docs/autoscaling.md); Prometheus rules query
+# this server's HTTP API (empty: none configured, such rules have no data).
+NEXUS_AUTOSCALING_INTERVAL_S = env_float("NEXUS_AUTOSCALING_INTERVAL_S", 10.0, minimum=1.0)
+NEXUS_PROMETHEUS_URL = env_str("NEXUS_PROMETHEUS_URL", "")
 # The one beat schedule table: every row expires just before its next run.
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {
@@ -186,6 +190,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "serving.tasks.probe_routes",
         "schedule": NEXUS_SERVING_TICK_S,
         "options": {"expires": NEXUS_SERVING_TICK_S * 0.9},
+    },
+    "serving-autoscale": {
+        "task": "serving.tasks.autoscale",
+        "schedule": NEXUS_AUTOSCALING_INTERVAL_S,
+        "options": {"expires": NEXUS_AUTOSCALING_INTERVAL_S * 0.9},
     },
     "pools-prune-history": {
         "task": "pools.tasks.prune_history",

@@ -1,0 +1,196 @@
+"""One autoscaling cycle (`serving.tasks.autoscale`, every NEXUS_AUTOSCALING_INTERVAL_S).
+
+Per active service with rules: collect the samples its rules need (each ready replica's
+/metrics, the agents' process usage), read every rule's metric, let the pure evaluator
+(serving.autoscaling.decide) decide, record scale events, and scale through
+`services.scale_service`: the reconciler's normal path (new replicas take traffic once healthy,
+retired ones drain before they stop). A per-service Redis claim keeps two cycles off one service.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from contextlib import suppress
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from nexus.services import redis_client
+from serving import metrics, services
+from serving.autoscaling import (
+    DECLINED,
+    Decision,
+    MetricSource,
+    Outcome,
+    Reading,
+    decide,
+    render_query,
+)
+from serving.models import (
+    AutoScalingRule,
+    Route,
+    RouteState,
+    ScaleEvent,
+    Service,
+    ServiceLifecycle,
+)
+
+log = logging.getLogger(__name__)
+
+# Outcomes recorded once per run of them: a rule stuck in one leaves one row, not one per cycle.
+RECORDED_ONCE = DECLINED | {Outcome.NO_DATA}
+
+
+def autoscale_all(now: datetime | None = None) -> dict[str, int]:
+    """Run one cycle over every active service that has rules; return how many did what."""
+    summary: Counter[str] = Counter()
+    with_rules = Service.objects.filter(
+        lifecycle=ServiceLifecycle.ACTIVE, autoscaling_rules__isnull=False
+    ).distinct()
+    for service in with_rules.order_by("pk"):
+        try:
+            summary[autoscale(service, now)] += 1
+        except Exception:
+            # One broken service must not keep the others from being scaled.
+            log.exception("autoscaling service %s failed", service.name)
+            summary["failed"] += 1
+    return dict(summary)
+
+
+def autoscale(service: Service, now: datetime | None = None) -> str:
+    """Run one cycle for the service; return "scaled", "kept" or "busy"."""
+    key = f"{settings.NEXUS_REDIS_PREFIX}:autoscaling:claim:{service.pk}"
+    interval = settings.NEXUS_AUTOSCALING_INTERVAL_S
+    try:
+        # SET NX EX: a cycle still running (a slow scrape) keeps the next one off this service.
+        if not redis_client().set(key, "1", nx=True, ex=max(int(interval * 3), 5)):
+            return "busy"
+    except RedisError as error:
+        log.warning("not autoscaling %s: no claim without Redis: %s", service.name, error)
+        return "busy"
+    try:
+        decision = evaluate(service, now or timezone.now())
+    finally:
+        with suppress(RedisError):  # the claim expires by itself
+            redis_client().delete(key)
+    return "scaled" if decision is not None and decision.changes else "kept"
+
+
+def ready_routes(service: Service) -> list[Route]:
+    """Return the service's replicas that serve: healthy, with a process on a node."""
+    return list(
+        Route.objects.filter(service=service, state=RouteState.HEALTHY, node__isnull=False)
+        .exclude(process_id="")
+        .select_related("node")
+        .order_by("pk")
+    )
+
+
+def evaluate(service: Service, now: datetime) -> Decision | None:
+    """Collect, read, decide, record and scale the service once; return the decision."""
+    rules = list(service.autoscaling_rules.order_by("pk"))
+    if not rules:
+        return None
+    routes = ready_routes(service)
+    sources = {rule.metric_source for rule in rules}
+    if MetricSource.INFERENCE_FRAMEWORK in sources:
+        metrics.scrape_replicas(routes, now.timestamp())
+    if MetricSource.KERNEL in sources:
+        metrics.store_kernel_samples(routes)
+    readings = {rule.pk: read(rule, routes, now) for rule in rules}
+    latest_scaling = (
+        service.scale_events.filter(cooldown_until__isnull=False).order_by("-created_at").first()
+    )
+    cooldown_until = latest_scaling.cooldown_until if latest_scaling else None
+    decision = decide(
+        service.desired_replicas,
+        [rule.as_rule() for rule in rules],
+        readings,
+        now=now.timestamp(),
+        service_cooldown_until=cooldown_until.timestamp() if cooldown_until else None,
+    )
+    record(service, rules, decision, now)
+    if decision.changes:
+        services.scale_service(service, decision.desired)
+        log.info(
+            "autoscaled %s from %d to %d replicas: %s",
+            service.name,
+            decision.current,
+            decision.desired,
+            decision.verdict(decision.rule_id or 0).reason if decision.rule_id else "",
+        )
+    return decision
+
+
+def read(rule: AutoScalingRule, routes: list[Route], now: datetime) -> Reading:
+    """Return the rule's metric over the service's ready replicas and the rule's window."""
+    if rule.metric_source == MetricSource.PROMETHEUS:
+        query = render_query(
+            rule.prometheus_query,
+            service=rule.service.name,
+            pool=rule.service.name,
+            window=f"{rule.window_s}s",
+        )
+        return metrics.query_prometheus(query).reading(rule.aggregation)
+    return metrics.replica_reading(
+        rule.metric_source,
+        [route.pk for route in routes],
+        rule.metric_name,
+        window_s=rule.window_s,
+        aggregation=rule.aggregation,
+        now=now.timestamp(),
+    )
+
+
+def record(
+    service: Service, rules: list[AutoScalingRule], decision: Decision, now: datetime
+) -> list[ScaleEvent]:
+    """Write the cycle's scale events; mark the winning rule triggered when the count changed."""
+    by_id = {rule.pk: rule for rule in rules}
+    previous = _latest_outcomes(rules)
+    events = []
+    for verdict in decision.verdicts:
+        rule = by_id[verdict.rule_id]
+        won = decision.changes and verdict.rule_id == decision.rule_id
+        if not won and (
+            verdict.outcome not in RECORDED_ONCE or previous.get(rule.pk) == verdict.outcome
+        ):
+            continue
+        events.append(
+            ScaleEvent(
+                service=service,
+                rule=rule,
+                rule_text=rule.describe(),
+                metric_source=rule.metric_source,
+                value=verdict.value,
+                series=verdict.series,
+                window_s=rule.window_s,
+                aggregation=rule.aggregation,
+                replicas_before=decision.current,
+                replicas_after=decision.desired if won else decision.current,
+                outcome=verdict.outcome,
+                reason=verdict.reason,
+                overruled=list(decision.overruled) if won else [],
+                cooldown_until=now + timedelta(seconds=rule.cooldown_s) if won else None,
+            )
+        )
+    with transaction.atomic():
+        created = ScaleEvent.objects.bulk_create(events)
+        if decision.changes and decision.rule_id is not None:
+            AutoScalingRule.objects.filter(pk=decision.rule_id).update(last_triggered_at=now)
+    return created
+
+
+def _latest_outcomes(rules: list[AutoScalingRule]) -> dict[int, str]:
+    """Return each rule's latest scale event's outcome."""
+    latest: dict[int, str] = {}
+    for rule in rules:
+        found = rule.events.order_by("-created_at", "-id").values_list("outcome", flat=True)
+        outcome = found.first()
+        if outcome is not None:
+            latest[rule.pk] = outcome
+    return latest
