@@ -151,11 +151,8 @@ def preview(service: Service, template: str, window_s: int) -> dict[str, Any]:
     return {"query": query, "series": result.series, "value": value, "at": at, "text": text}
 
 
-class ServiceChildMixin:
+class ServiceChildViewSet(viewsets.GenericViewSet):
     """Find the live service named in the URL among the caller's (404 otherwise)."""
-
-    request: Request
-    kwargs: dict[str, Any]
 
     def get_service(self) -> Service:
         name = self.kwargs["service_name"]
@@ -218,7 +215,14 @@ def in_ranges(rules: QuerySet[AutoScalingRule], params: Any) -> QuerySet[AutoSca
     update=extend_schema(parameters=[SERVICE_NAME]),
     destroy=extend_schema(parameters=[SERVICE_NAME]),
 )
-class AutoScalingRuleViewSet(ServiceChildMixin, viewsets.ModelViewSet):
+class AutoScalingRuleViewSet(
+    ServiceChildViewSet,
+    mixins.CreateModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    mixins.ListModelMixin,
+):
     """A service's autoscaling rules: evaluated every NEXUS_AUTOSCALING_INTERVAL_S."""
 
     serializer_class = AutoScalingRuleSerializer
@@ -258,7 +262,7 @@ class AutoScalingRuleViewSet(ServiceChildMixin, viewsets.ModelViewSet):
 
 
 @extend_schema_view(list=extend_schema(parameters=[SERVICE_NAME]))
-class ScaleEventViewSet(ServiceChildMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
+class ScaleEventViewSet(ServiceChildViewSet, mixins.ListModelMixin):
     """A service's scale events, newest first."""
 
     serializer_class = ScaleEventSerializer
@@ -270,7 +274,7 @@ class ScaleEventViewSet(ServiceChildMixin, mixins.ListModelMixin, viewsets.Gener
 
 class PresetSerializer(serializers.Serializer):
     key = serializers.CharField()
-    label = serializers.CharField()
+    name = serializers.CharField(source="label", help_text="What the editor lists.")
     metric = serializers.CharField()
     query = serializers.CharField(help_text="$service, $pool and $window are filled in.")
     cooldown_s = serializers.IntegerField(allow_null=True)
