@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from string import Template
+from typing import Any
 
 # A reading whose newest sample is older than this many evaluation windows is stale.
 STALE_AFTER_WINDOWS = 1.0
@@ -362,3 +363,21 @@ PRESETS = (
     ),
 )
 PRESETS_BY_KEY = {preset.key: preset for preset in PRESETS}
+
+
+def with_preset(values: dict[str, Any], *, keep: Iterable[str] = ()) -> dict[str, Any]:
+    """Fill a Prometheus rule's metric name, query and cooldown from its preset.
+
+    The metric name and query are filled where empty; the cooldown unless named in `keep`
+    (the caller gave one)."""
+    preset = PRESETS_BY_KEY.get(values.get("prometheus_preset") or "")
+    if preset is None or values.get("metric_source") != MetricSource.PROMETHEUS:
+        return values
+    filled = dict(values)
+    if not filled.get("metric_name"):
+        filled["metric_name"] = preset.metric
+    if not filled.get("prometheus_query"):
+        filled["prometheus_query"] = preset.query
+    if "cooldown_s" not in keep and preset.cooldown_s is not None:
+        filled["cooldown_s"] = preset.cooldown_s
+    return filled

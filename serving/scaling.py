@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from contextlib import suppress
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
 from nexus.services import redis_client
@@ -194,3 +198,57 @@ def _latest_outcomes(rules: list[AutoScalingRule]) -> dict[int, str]:
         if outcome is not None:
             latest[rule.pk] = outcome
     return latest
+
+
+class BadRange(ValueError):
+    """A rule-list filter's date-time that cannot be read."""
+
+    def __init__(self, name: str, raw: str) -> None:
+        super().__init__(f"{raw!r} is not an ISO date-time.")
+        self.name = name
+
+
+# The rule list's filters (the document's property filter): parameter -> lookup.
+RANGE_LOOKUPS = {
+    "created_after": "created_at__gte",
+    "created_before": "created_at__lt",
+    "triggered_after": "last_triggered_at__gte",
+    "triggered_before": "last_triggered_at__lt",
+}
+
+
+def in_ranges(
+    rules: QuerySet[AutoScalingRule], params: Mapping[str, Any]
+) -> QuerySet[AutoScalingRule]:
+    """Keep the rules within the created-at and last-triggered ranges the parameters give.
+
+    A date-time without a zone is UTC (the pages' datetime-local inputs send such)."""
+    for name, lookup in RANGE_LOOKUPS.items():
+        raw = params.get(name)
+        if not raw:
+            continue
+        try:
+            when = parse_datetime(str(raw))
+        except ValueError:
+            when = None
+        if when is None:
+            raise BadRange(name, str(raw))
+        if timezone.is_naive(when):
+            when = timezone.make_aware(when, UTC)
+        rules = rules.filter(**{lookup: when})
+    return rules
+
+
+def preview(service: Service, template: str, window_s: int) -> dict[str, Any]:
+    """Run the query for the service now; say what the current-value preview shows."""
+    query = render_query(template, service=service.name, pool=service.name, window=f"{window_s}s")
+    result = metrics.query_prometheus(query)
+    latest = result.latest
+    if result.problem or latest is None:
+        text = "No data available" + (f" ({result.problem})" if result.problem else "")
+        return {"query": query, "series": result.series, "value": None, "at": None, "text": text}
+    at, value = latest
+    text = f"{value:g}"
+    if result.series > 1:
+        text = f"{result.series} series, latest {value:g}"
+    return {"query": query, "series": result.series, "value": value, "at": at, "text": text}

@@ -7,7 +7,6 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
@@ -17,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nexus import access
-from serving import autoscaling, metrics
+from serving import autoscaling, scaling
 from serving.api.views import visible_services
 from serving.models import AutoScalingRule, ScaleEvent, Service, ServiceLifecycle
 
@@ -43,21 +42,6 @@ RULE_FIELDS = [
 EDITABLE = [f for f in RULE_FIELDS if f not in ("id", "step", "created_at", "last_triggered_at")]
 
 
-def apply_preset(values: dict[str, Any], given: set[str]) -> dict[str, Any]:
-    """Fill a Prometheus rule's metric name, query and cooldown from its preset where not given."""
-    preset = autoscaling.PRESETS_BY_KEY.get(values.get("prometheus_preset") or "")
-    if preset is None or values.get("metric_source") != autoscaling.MetricSource.PROMETHEUS:
-        return values
-    filled = dict(values)
-    if not filled.get("metric_name"):
-        filled["metric_name"] = preset.metric
-    if not filled.get("prometheus_query"):
-        filled["prometheus_query"] = preset.query
-    if "cooldown_s" not in given and preset.cooldown_s is not None:
-        filled["cooldown_s"] = preset.cooldown_s
-    return filled
-
-
 class AutoScalingRuleSerializer(serializers.ModelSerializer):
     """An autoscaling rule. A Prometheus preset fills the metric name, query and cooldown that
     the request leaves out."""
@@ -74,7 +58,7 @@ class AutoScalingRuleSerializer(serializers.ModelSerializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         given = set(self.initial_data) if isinstance(self.initial_data, dict) else set()
         current = {f: getattr(self.instance, f) for f in EDITABLE} if self.instance else {}
-        merged = apply_preset({**current, **attrs}, given)
+        merged = autoscaling.with_preset({**current, **attrs}, keep=given)
         probe = AutoScalingRule(service=self.context["service"], **merged)
         try:
             probe.clean()
@@ -134,23 +118,6 @@ class PreviewResultSerializer(serializers.Serializer):
     text = serializers.CharField(help_text='What the preview shows: "No data available" or so.')
 
 
-def preview(service: Service, template: str, window_s: int) -> dict[str, Any]:
-    """Run the query for the service now; say what the current-value preview shows."""
-    query = autoscaling.render_query(
-        template, service=service.name, pool=service.name, window=f"{window_s}s"
-    )
-    result = metrics.query_prometheus(query)
-    latest = result.latest
-    if result.problem or latest is None:
-        text = "No data available" + (f" ({result.problem})" if result.problem else "")
-        return {"query": query, "series": result.series, "value": None, "at": None, "text": text}
-    at, value = latest
-    text = f"{value:g}"
-    if result.series > 1:
-        text = f"{result.series} series, latest {value:g}"
-    return {"query": query, "series": result.series, "value": value, "at": at, "text": text}
-
-
 class ServiceChildViewSet(viewsets.GenericViewSet):
     """Find the live service named in the URL among the caller's (404 otherwise)."""
 
@@ -182,29 +149,6 @@ RANGES = [
         ("triggered_before", "last triggered before"),
     )
 ]
-# Query parameter -> the lookup it filters by.
-RANGE_LOOKUPS = {
-    "created_after": "created_at__gte",
-    "created_before": "created_at__lt",
-    "triggered_after": "last_triggered_at__gte",
-    "triggered_before": "last_triggered_at__lt",
-}
-
-
-def in_ranges(rules: QuerySet[AutoScalingRule], params: Any) -> QuerySet[AutoScalingRule]:
-    """Keep the rules within the created-at and last-triggered ranges the parameters give."""
-    for name, lookup in RANGE_LOOKUPS.items():
-        raw = params.get(name)
-        if not raw:
-            continue
-        try:
-            when = parse_datetime(raw)
-        except ValueError:
-            when = None
-        if when is None:
-            raise ValidationError({name: [f"{raw!r} is not an ISO date-time."]})
-        rules = rules.filter(**{lookup: when})
-    return rules
 
 
 @extend_schema_view(
@@ -232,7 +176,10 @@ class AutoScalingRuleViewSet(
     def get_queryset(self) -> QuerySet[AutoScalingRule]:
         rules = AutoScalingRule.objects.filter(service=self.get_service()).order_by("pk")
         if self.action == "list":
-            rules = in_ranges(rules, self.request.query_params)
+            try:
+                rules = scaling.in_ranges(rules, self.request.query_params)
+            except scaling.BadRange as bad:
+                raise ValidationError({bad.name: [str(bad)]}) from None
         return rules
 
     def get_serializer_context(self) -> dict[str, Any]:
@@ -258,7 +205,8 @@ class AutoScalingRuleViewSet(
         asked = PreviewSerializer(data=request.data)
         asked.is_valid(raise_exception=True)
         data = asked.validated_data
-        return Response(preview(self.get_service(), data["prometheus_query"], data["window_s"]))
+        service = self.get_service()
+        return Response(scaling.preview(service, data["prometheus_query"], data["window_s"]))
 
 
 @extend_schema_view(list=extend_schema(parameters=[SERVICE_NAME]))
