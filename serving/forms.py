@@ -12,7 +12,7 @@ from django.utils.text import slugify
 
 from nodes.runtimes import RUNTIMES, Parameter, Runtime
 from serving import services
-from serving.autoscaling import PRESETS_BY_KEY, MetricSource, with_preset
+from serving.autoscaling import PRESETS_BY_KEY, Condition, MetricSource, step_sign, with_preset
 from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.launch import COMMAND_SETTINGS, MAX_CLUSTER_SIZE, LaunchProblem
 from serving.models import (
@@ -413,6 +413,10 @@ class ServiceTokenForm(forms.Form):
 class AutoScalingRuleForm(forms.ModelForm):
     """The autoscaling rule editor: the document's fields, in its order."""
 
+    # The preset whose values the editor last filled in: a redraw fills a preset's values only
+    # when it was just chosen, so that a query edited afterwards is kept.
+    applied_preset = forms.CharField(required=False, widget=forms.HiddenInput)
+
     class Meta:
         model = AutoScalingRule
         fields = [
@@ -446,9 +450,25 @@ class AutoScalingRuleForm(forms.ModelForm):
     def __init__(self, *args: Any, service: Service, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.instance.service = service
+        if "applied_preset" not in self.initial:
+            self.initial["applied_preset"] = self.instance.prometheus_preset
         preset = cast("forms.ChoiceField", self.fields["prometheus_preset"])
+        for name in ("metric_source", "condition"):
+            radios = cast("forms.ChoiceField", self.fields[name])
+            # Radio buttons need no "---------" choice: the field is required.
+            choices = cast("list[tuple[str, str]]", radios.choices)
+            radios.choices = [(value, label) for value, label in choices if value]
         presets = [(p.key, p.label) for p in PRESETS_BY_KEY.values()]
         preset.choices = [("", "— none (write the query) —"), *presets]
+
+    @property
+    def step_text(self) -> str:
+        """Return the step as the rule list shows it, signed by the condition: "±1"."""
+        condition = str(self["condition"].value() or "")
+        step = str(self["step_size"].value() or "")
+        if condition not in Condition.__members__.values():
+            return step
+        return f"{step_sign(condition)}{step}"
 
     @property
     def is_prometheus(self) -> bool:
@@ -464,11 +484,13 @@ class AutoScalingRuleForm(forms.ModelForm):
 def preset_filled(
     data: Any, service: Service, instance: AutoScalingRule | None
 ) -> AutoScalingRuleForm:
-    """Return the editor redrawn for a changed source or preset: the preset's metric name,
-    query and cooldown filled in, no errors shown yet."""
+    """Return the editor redrawn for a changed source, preset, condition or step: a preset
+    just chosen fills its metric name, query and cooldown; no errors are shown yet."""
     values = {name: data.get(name, "") for name in AutoScalingRuleForm.Meta.fields}
     preset = PRESETS_BY_KEY.get(values["prometheus_preset"])
-    if preset is not None and values["metric_source"] == MetricSource.PROMETHEUS:
+    values["applied_preset"] = values["prometheus_preset"]
+    chosen_now = values["prometheus_preset"] != data.get("applied_preset", "")
+    if preset is not None and chosen_now and values["metric_source"] == MetricSource.PROMETHEUS:
         values["metric_name"] = preset.metric
         values["prometheus_query"] = preset.query
         if preset.cooldown_s is not None:

@@ -433,7 +433,9 @@ class AutoScalingRule(models.Model):
     prometheus_query = models.TextField(
         blank=True, help_text="PromQL; $service, $pool and $window are filled in."
     )
-    condition = models.CharField(max_length=16, choices=choices_of(Condition))
+    condition = models.CharField(
+        max_length=16, choices=choices_of(Condition, {"scale_in_out": "Scale in & out"})
+    )
     min_threshold = models.FloatField(null=True, blank=True, help_text="Scale in below it.")
     max_threshold = models.FloatField(null=True, blank=True, help_text="Scale out above it.")
     step_size = models.PositiveSmallIntegerField(default=1, validators=[_positive])

@@ -112,6 +112,25 @@ def test_choosing_a_preset_fills_the_query_and_shows_the_current_value(
     assert '<span class="preview-value">No data available (no Prometheus server' in html
 
 
+def test_a_redraw_keeps_an_edited_query_and_signs_the_step(
+    staff: Client, chat: Service, settings: Any
+) -> None:
+    settings.NEXUS_PROMETHEUS_URL = ""
+    edited = rule_form(
+        metric_source="prometheus",
+        prometheus_preset="vllm-requests-waiting",
+        applied_preset="vllm-requests-waiting",
+        prometheus_query="max(up)",
+        condition="scale_in",
+        step_size="2",
+    )
+
+    html = staff.get(NEW, {**edited, "redraw": "1"}).content.decode()
+
+    assert ">\nmax(up)</textarea>" in html
+    assert "Shown as <strong>−2</strong>" in html
+
+
 def test_the_preview_fragment_runs_the_query_for_this_service(
     staff: Client, chat: Service, settings: Any
 ) -> None:

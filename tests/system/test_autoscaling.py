@@ -15,17 +15,14 @@ Each replica is the simulator with one request generating at a time (`--concurre
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,10 +38,9 @@ from serving import folders
 from serving.models import ModelFolder, Route, RouteState, ScaleEvent, Service, models_root
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
-from tests.support import processes
 from tests.support.agent import running_agent
 from tests.support.live import LiveServer, running_nexus
-from tests.support.ports import free_port
+from tests.support.prometheus import PROMETHEUS, SKIP_REASON, Prometheus, running_prometheus
 from tests.support.waiting import wait_until
 from tests.support.worker import RunningWorker, running_worker
 
@@ -61,7 +57,6 @@ SLACK_CYCLES = 4
 NODE = "as-node"
 CLIENTS = 6  # concurrent clients of the load run: up to 5 requests wait in one replica
 MAX_LOAD_S = 60.0
-PROMETHEUS = shutil.which("prometheus")
 DEFINITION = """\
 models:
   - name: "{name}"
@@ -78,80 +73,6 @@ models:
         max_wait_time: 1.0
         initial_delay: 0
 """
-
-
-@dataclass
-class Prometheus:
-    """A running Prometheus server and the file_sd list it scrapes."""
-
-    url: str
-    process: subprocess.Popen[bytes]
-    targets_path: Path
-    log_path: Path
-
-    def scrape(self, targets: dict[str, list[int]]) -> None:
-        """Point Prometheus at these replica ports, labelled by service."""
-        groups = [
-            {"targets": [f"127.0.0.1:{port}" for port in ports], "labels": {"nexus_service": name}}
-            for name, ports in targets.items()
-            if ports
-        ]
-        staged = self.targets_path.with_suffix(".tmp")
-        staged.write_text(json.dumps(groups))
-        staged.replace(self.targets_path)  # Prometheus must never read half a file
-
-
-@contextmanager
-def running_prometheus(tmp_path: Path) -> Iterator[Prometheus]:
-    """Run Debian's prometheus on a loopback port, scraping a file_sd list every second."""
-    assert PROMETHEUS is not None
-    port = free_port()
-    targets = tmp_path / "replicas.json"
-    targets.write_text("[]")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        json.dumps(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "scrape_configs": [
-                    {
-                        "job_name": "replicas",
-                        "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-                    }
-                ],
-            }
-        )
-    )
-    log_path = tmp_path / "prometheus.log"
-    with log_path.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=1h",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    server = Prometheus(f"http://127.0.0.1:{port}", process, targets, log_path)
-    try:
-        wait_until(
-            lambda: _ready(server), timeout_s=30, what=lambda: log_path.read_text(errors="replace")
-        )
-        yield server
-    finally:
-        processes.stop(process, 10)
-
-
-def _ready(server: Prometheus) -> bool:
-    if server.process.poll() is not None:
-        raise RuntimeError(f"prometheus exited:\n{server.log_path.read_text(errors='replace')}")
-    try:
-        return httpx.get(f"{server.url}/-/ready", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @dataclass
@@ -412,7 +333,7 @@ def test_a_waiting_requests_rule_scales_out_under_load_and_back_in_after_it(worl
 
 @pytest.mark.skipif(
     PROMETHEUS is None,
-    reason="Debian's prometheus is not installed (apt-get install prometheus; .ci/run does)",
+    reason=SKIP_REASON,
 )
 def test_a_prometheus_rule_against_a_real_server_scales_the_service(
     world: World, settings: Any
