@@ -17,6 +17,7 @@ from serving import metrics, scaling
 from serving.autoscaling import MetricSource, Outcome
 from serving.models import AutoScalingRule, ModelFolder, Route, RouteState, ScaleEvent, Service
 from tests.deployments.factories import make_node
+from tests.nexus.factories import make_user
 from tests.serving.fleet import make_service, model_folder
 
 pytestmark = pytest.mark.django_db
@@ -366,3 +367,29 @@ def test_samples_are_parsed_from_prometheus_text() -> None:
         "vllm:prompt_tokens_total": 12.0,
     }
     assert metrics.parse_metrics("not { prometheus") == {}
+
+
+def test_the_admin_lists_rules_and_read_only_events(chat: Service) -> None:
+    rule = AutoScalingRule.objects.create(service=chat, **rule_fields())
+    ScaleEvent.objects.create(
+        service=chat,
+        rule=rule,
+        rule_text=rule.describe(),
+        metric_source=rule.metric_source,
+        value=None,
+        window_s=60,
+        aggregation="avg",
+        replicas_before=1,
+        replicas_after=1,
+        outcome=Outcome.NO_DATA,
+        reason="no data: no samples in the window",
+    )
+    admin = APIClient()
+    admin.force_login(make_user("root", staff=True, superuser=True))
+
+    rules = admin.get("/admin/serving/autoscalingrule/")
+    events = admin.get("/admin/serving/scaleevent/")
+
+    assert rules.status_code == 200 and "cpu_util &lt; 20 or &gt; 80" in rules.content.decode()
+    assert events.status_code == 200 and "No data" in events.content.decode()
+    assert admin.get("/admin/serving/scaleevent/add/").status_code == 403
