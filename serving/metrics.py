@@ -128,10 +128,20 @@ def scrape_replicas(routes: Sequence[Route], now: float) -> list[Scraped]:
     scraped = asyncio.run(_scrape_all(routes, now))
     for result in scraped:
         if result.values:
-            store_sample(MetricSource.INFERENCE_FRAMEWORK, result.route_id, now, result.values)
+            _keep(MetricSource.INFERENCE_FRAMEWORK, result.route_id, now, result.values)
         elif result.problem:
             log.info("route %s: no metrics: %s", result.route_id, result.problem)
     return scraped
+
+
+def _keep(source: MetricSource, route_id: int, at: float, values: Mapping[str, float]) -> bool:
+    """Store a sample; without Redis it is lost, and the readings say "no data" for it."""
+    try:
+        store_sample(source, route_id, at, values)
+    except RedisError as error:
+        log.warning("route %s: sample not kept, Redis is unreachable: %s", route_id, error)
+        return False
+    return True
 
 
 async def _scrape_all(routes: Sequence[Route], now: float) -> list[Scraped]:
@@ -188,8 +198,7 @@ def store_kernel_samples(routes: Sequence[Route]) -> int:
         values |= {
             name: float(machine.get(field, 0.0)) for name, field in KERNEL_NODE_FIELDS.items()
         }
-        store_sample(MetricSource.KERNEL, route.pk, node.last_seen_at.timestamp(), values)
-        stored += 1
+        stored += _keep(MetricSource.KERNEL, route.pk, node.last_seen_at.timestamp(), values)
     return stored
 
 
