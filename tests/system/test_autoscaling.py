@@ -34,7 +34,8 @@ from rest_framework.test import APIClient
 
 from nodes.models import Node
 from pools.models import Pool
-from serving import folders
+from serving import folders, metrics
+from serving.autoscaling import MetricSource, Reading
 from serving.models import ModelFolder, Route, RouteState, ScaleEvent, Service, models_root
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
@@ -385,3 +386,45 @@ def test_a_prometheus_rule_against_a_real_server_scales_the_service(
     assert scaled[0]["metric_source"] == "prometheus"
     assert scaled[0]["value"] > 2 and scaled[0]["series"] >= 1, scaled
     assert load.failures == [], load.failures[:5]
+
+
+def test_kernel_metrics_of_each_replica_come_from_its_agent(world: World) -> None:
+    name = world.create_service("as-kernel")
+    wait_until(lambda: world.settled(name, 1), timeout_s=40, what=lambda: world.why(name))
+    # A rule that never fires: it makes the cycle keep the replica's Kernel samples.
+    world.add_rule(
+        name,
+        {
+            "metric_source": "kernel",
+            "metric_name": "mem",
+            "condition": "scale_out",
+            "max_threshold": 1e15,
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "window_s": WINDOW_S,
+        },
+    )
+    route = world.healthy(name)[0]
+
+    def reading(metric: str) -> Reading:
+        return metrics.replica_reading(
+            MetricSource.KERNEL,
+            [route.pk],
+            metric,
+            window_s=WINDOW_S,
+            aggregation="avg",
+            now=time.time(),
+        )
+
+    memory = wait_until(
+        lambda: (r := reading("mem")).value and r,
+        timeout_s=6 * INTERVAL_S,
+        what=lambda: f"no mem sample: {reading('mem')}{world.why(name)}",
+    )
+    cpu = reading("cpu_util")
+
+    # The simulator's resident memory: tens of MiB, not zero and not the machine's.
+    assert 1 << 20 < memory.value < 4 << 30, memory
+    assert cpu.value is not None and cpu.value >= 0, cpu
+    assert reading("net_rx").value is not None
+    assert ScaleEvent.objects.filter(service__name=name).count() == 0, world.why(name)
