@@ -191,6 +191,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": NEXUS_SERVING_TICK_S,
         "options": {"expires": NEXUS_SERVING_TICK_S * 0.9},
     },
+    # A request held for a service scaled to zero is seen within a tick.
+    "serving-wake": {
+        "task": "serving.tasks.wake",
+        "schedule": NEXUS_SERVING_TICK_S,
+        "options": {"expires": NEXUS_SERVING_TICK_S * 0.9},
+    },
     "serving-autoscale": {
         "task": "serving.tasks.autoscale",
         "schedule": NEXUS_AUTOSCALING_INTERVAL_S,

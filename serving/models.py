@@ -144,6 +144,10 @@ class ServiceLifecycle(models.TextChoices):
     DESTROYED = "destroyed", "Destroyed"
 
 
+# The shortest idle period before a service scales to zero (a few autoscaling cycles).
+MIN_IDLE_S = 10
+
+
 class Service(ConfigInput):
     """A model service (an endpoint): N replicas of its latest revision, behind one URL.
 
@@ -152,7 +156,9 @@ class Service(ConfigInput):
     """
 
     # The gateway routes /serve/<name>/ and `@pool/<name>` by these (through the pool's service).
-    config_fields = frozenset({"name", "open_to_public", "desired_replicas", "lifecycle", "pool"})
+    config_fields = frozenset(
+        {"name", "open_to_public", "desired_replicas", "scale_to_zero_after_s", "lifecycle", "pool"}
+    )
 
     objects = ConfigInputQuerySet.as_manager()
 
@@ -166,6 +172,14 @@ class Service(ConfigInput):
     open_to_public = models.BooleanField(default=False)
     desired_replicas = models.PositiveSmallIntegerField(
         default=1, validators=[MaxValueValidator(64)]
+    )
+    # None: never. Otherwise idle this long, it goes to 0 replicas; a request wakes it (it waits
+    # in the pool queue while a replica starts: docs/autoscaling.md).
+    scale_to_zero_after_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_IDLE_S)],
+        help_text="Scale to 0 replicas after this many seconds without requests; empty: never.",
     )
     lifecycle = models.CharField(
         max_length=16, choices=ServiceLifecycle.choices, default=ServiceLifecycle.ACTIVE
@@ -535,7 +549,8 @@ class ScaleEvent(models.Model):
         AutoScalingRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
     )
     rule_text = models.CharField(max_length=300, help_text="The rule as it was: when it fires.")
-    metric_source = models.CharField(max_length=24, choices=choices_of(MetricSource))
+    # Blank for scaling to zero and waking, which follow requests, not a metric.
+    metric_source = models.CharField(max_length=24, choices=choices_of(MetricSource), blank=True)
     value = models.FloatField(null=True, blank=True, help_text="None: no data.")
     series = models.PositiveIntegerField(default=0)
     window_s = models.PositiveIntegerField()

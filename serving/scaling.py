@@ -18,12 +18,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
 from nexus.services import redis_client
+from pools import services as pool_services
 from serving import metrics, services
 from serving.autoscaling import (
     DECLINED,
@@ -45,17 +46,21 @@ from serving.models import (
 
 log = logging.getLogger(__name__)
 
+# A woken service is not woken again this soon (its replica is starting meanwhile).
+WAKE_CLAIM_S = 30
 # Outcomes recorded once per run of them: a rule stuck in one leaves one row, not one per cycle.
 RECORDED_ONCE = DECLINED | {Outcome.NO_DATA}
 
 
 def autoscale_all(now: datetime | None = None) -> dict[str, int]:
-    """Run one cycle over every active service that has rules; return how many did what."""
+    """Run one cycle over every active service with rules or scale to zero; return how many
+    did what."""
     summary: Counter[str] = Counter()
-    with_rules = Service.objects.filter(
-        lifecycle=ServiceLifecycle.ACTIVE, autoscaling_rules__isnull=False
+    scaled = Service.objects.filter(
+        Q(autoscaling_rules__isnull=False) | Q(scale_to_zero_after_s__isnull=False),
+        lifecycle=ServiceLifecycle.ACTIVE,
     ).distinct()
-    for service in with_rules.order_by("pk"):
+    for service in scaled.order_by("pk"):
         try:
             summary[autoscale(service, now)] += 1
         except Exception:
@@ -76,12 +81,96 @@ def autoscale(service: Service, now: datetime | None = None) -> str:
     except RedisError as error:
         log.warning("not autoscaling %s: no claim without Redis: %s", service.name, error)
         return "busy"
+    now = now or timezone.now()
     try:
-        decision = evaluate(service, now or timezone.now())
+        if service.scale_to_zero_after_s is not None:
+            if service.desired_replicas == 0:
+                return "sleeping"  # the wake task wakes it; no rule has a replica to measure
+            if sleep_if_idle(service, now):
+                return "slept"
+        decision = evaluate(service, now)
     finally:
         with suppress(RedisError):  # the claim expires by itself
             redis_client().delete(key)
     return "scaled" if decision is not None and decision.changes else "kept"
+
+
+def sleep_if_idle(service: Service, now: datetime) -> bool:
+    """Scale the service to zero when no request reached it for its idle period; say whether.
+
+    Idle counts from its latest request, or from its latest change (a wake, a scale, an edit)
+    when that is later; a request queued or in flight anywhere keeps it awake.
+    """
+    idle_s = service.scale_to_zero_after_s
+    if idle_s is None or service.pool_id is None:
+        return False
+    busy, last_request = pool_services.pool_activity(service.pool_id)
+    since = max(filter(None, (last_request, service.updated_at)))
+    idle_for = (now - since).total_seconds()
+    if busy or idle_for < idle_s:
+        return False
+    before = service.desired_replicas
+    services.scale_service(service, 0)
+    reason = f"no request for {idle_for:.0f} s (at least {idle_s} s): scaled to zero"
+    _record_sleep_or_wake(service, before, 0, Outcome.SCALED_IN, reason, None)
+    log.info("%s: %s", service.name, reason)
+    return True
+
+
+def wake_sleeping() -> int:
+    """Wake every service scaled to zero that a request waits for; return how many woke.
+
+    Runs every serving tick: the waiting request is held in its pool queue (for at most the
+    pool's max queue wait) while the woken service's replica starts.
+    """
+    sleeping = list(
+        Service.objects.filter(
+            lifecycle=ServiceLifecycle.ACTIVE,
+            desired_replicas=0,
+            scale_to_zero_after_s__isnull=False,
+            pool__isnull=False,
+        )
+    )
+    if not sleeping:
+        return 0
+    queued = pool_services.queued_requests()
+    woken = 0
+    for service in sleeping:
+        waiting = queued.get(service.pool_id or 0, 0)
+        if not waiting:
+            continue
+        key = f"{settings.NEXUS_REDIS_PREFIX}:autoscaling:wake:{service.pk}"
+        try:
+            # One waker per sleep: a tick that overlaps this one leaves it alone.
+            if not redis_client().set(key, "1", nx=True, ex=WAKE_CLAIM_S):
+                continue
+        except RedisError as error:
+            log.warning("not waking %s: no claim without Redis: %s", service.name, error)
+            continue
+        services.scale_service(service, 1)
+        reason = f"{waiting} request{'' if waiting == 1 else 's'} waiting: woken"
+        _record_sleep_or_wake(service, 0, 1, Outcome.SCALED_OUT, reason, float(waiting))
+        log.info("%s: %s", service.name, reason)
+        woken += 1
+    return woken
+
+
+def _record_sleep_or_wake(
+    service: Service, before: int, after: int, outcome: Outcome, reason: str, value: float | None
+) -> ScaleEvent:
+    return ScaleEvent.objects.create(
+        service=service,
+        rule=None,
+        rule_text=f"scale to zero after {service.scale_to_zero_after_s} s idle",
+        metric_source="",
+        value=value,
+        window_s=0,
+        aggregation="",
+        replicas_before=before,
+        replicas_after=after,
+        outcome=outcome,
+        reason=reason,
+    )
 
 
 def ready_routes(service: Service) -> list[Route]:

@@ -23,3 +23,9 @@ def probe_routes() -> dict[str, int]:
 def autoscale() -> dict[str, int]:
     """Run one autoscaling cycle over every service with rules; return how many did what."""
     return scaling.autoscale_all()
+
+
+@shared_task(ignore_result=True)
+def wake() -> int:
+    """Wake the services scaled to zero that a request waits for; return how many woke."""
+    return scaling.wake_sleeping()

@@ -13,6 +13,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from nodes.models import Node
+from pools.gateway.snapshot import pool_entry
+from pools.models import Pool, RoutingRecord
 from serving import metrics, scaling
 from serving.autoscaling import MetricSource, Outcome
 from serving.models import AutoScalingRule, ModelFolder, Route, RouteState, ScaleEvent, Service
@@ -393,3 +395,63 @@ def test_the_admin_lists_rules_and_read_only_events(chat: Service) -> None:
     assert rules.status_code == 200 and "cpu_util &lt; 20 or &gt; 80" in rules.content.decode()
     assert events.status_code == 200 and "No data" in events.content.decode()
     assert admin.get("/admin/serving/scaleevent/add/").status_code == 403
+
+
+# Scale to zero (the wake itself runs end to end in tests/system/test_autoscaling.py)
+
+
+def with_pool(service: Service, idle_s: int) -> Service:
+    pool = Pool.objects.create(name=service.name, slug=service.name, managed=True)
+    Service.objects.filter(pk=service.pk).update(pool=pool, scale_to_zero_after_s=idle_s)
+    service.refresh_from_db()
+    return service
+
+
+def test_an_idle_service_goes_to_zero_after_its_idle_period_only(chat: Service) -> None:
+    with_pool(chat, idle_s=60)
+    changed = chat.updated_at
+
+    early = scaling.sleep_if_idle(chat, changed + timedelta(seconds=59))
+    late = scaling.sleep_if_idle(chat, changed + timedelta(seconds=61))
+
+    chat.refresh_from_db()
+    assert (early, late, chat.desired_replicas) == (False, True, 0)
+    event = ScaleEvent.objects.get()
+    assert (event.outcome, event.replicas_before, event.replicas_after) == ("scaled_in", 1, 0)
+    assert event.reason == "no request for 61 s (at least 60 s): scaled to zero"
+    assert event.rule_text == "scale to zero after 60 s idle"
+
+
+def test_a_recent_request_keeps_the_service_awake(chat: Service) -> None:
+    with_pool(chat, idle_s=60)
+    assert chat.pool is not None
+    RoutingRecord.objects.create(
+        request_id=f"{7:032x}", pool=chat.pool, kind="http", outcome="ok", status_code=200
+    )
+
+    assert not scaling.sleep_if_idle(chat, timezone.now() + timedelta(seconds=30))
+    assert scaling.sleep_if_idle(chat, timezone.now() + timedelta(seconds=61))
+
+
+def test_a_sleeping_service_is_left_to_the_wake_task_and_nothing_wakes_it_unasked(
+    chat: Service,
+) -> None:
+    with_pool(chat, idle_s=60)
+    Service.objects.filter(pk=chat.pk).update(desired_replicas=0)
+
+    assert scaling.autoscale_all() == {"sleeping": 1}
+    assert scaling.wake_sleeping() == 0  # no gateway holds a request for it
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 0
+
+
+def test_the_gateway_holds_requests_for_a_sleeping_service_only(chat: Service) -> None:
+    with_pool(chat, idle_s=60)
+    Service.objects.filter(pk=chat.pk).update(desired_replicas=0)
+    assert chat.pool is not None
+    sleeping = pool_entry(Pool.objects.select_related("service").get(pk=chat.pool.pk))
+    Service.objects.filter(pk=chat.pk).update(scale_to_zero_after_s=None)
+    merely_empty = pool_entry(Pool.objects.select_related("service").get(pk=chat.pool.pk))
+
+    assert sleeping.service is not None and sleeping.service.sleeping
+    assert merely_empty.service is not None and not merely_empty.service.sleeping

@@ -33,7 +33,7 @@ from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from nodes.models import Node
-from pools.models import Pool
+from pools.models import Pool, RoutingRecord
 from serving import folders, metrics
 from serving.autoscaling import MetricSource, Reading
 from serving.models import ModelFolder, Route, RouteState, ScaleEvent, Service, models_root
@@ -58,6 +58,7 @@ SLACK_CYCLES = 4
 NODE = "as-node"
 CLIENTS = 6  # concurrent clients of the load run: up to 5 requests wait in one replica
 MAX_LOAD_S = 60.0
+IDLE_S = 10  # scale to zero after this long without requests (the shortest allowed)
 DEFINITION = """\
 models:
   - name: "{name}"
@@ -428,3 +429,47 @@ def test_kernel_metrics_of_each_replica_come_from_its_agent(world: World) -> Non
     assert cpu.value is not None and cpu.value >= 0, cpu
     assert reading("net_rx").value is not None
     assert ScaleEvent.objects.filter(service__name=name).count() == 0, world.why(name)
+
+
+def test_an_idle_service_scales_to_zero_and_the_next_request_wakes_it(world: World) -> None:
+    name = world.create_service("as-zero")
+    wait_until(lambda: world.settled(name, 1), timeout_s=40, what=lambda: world.why(name))
+    patched_at = time.time()
+    patched = world.owner.patch(
+        f"/api/v1/services/{name}/", {"scale_to_zero_after_s": IDLE_S}, format="json"
+    )
+    assert patched.status_code == 200, patched.content
+
+    # No request comes: after its idle period (counted from this change) it goes to 0.
+    slept_at = wait_desired(world, name, 0, timeout_s=IDLE_S + SLACK_CYCLES * INTERVAL_S)
+    # Its replica drains (at most the reconciler's 30 s grace when no gateway has routed yet).
+    wait_until(lambda: world.settled(name, 0), timeout_s=45, what=lambda: world.why(name))
+    sent_at = time.time()
+    answer = httpx.post(
+        f"{world.nexus.url}/serve/{name}/v1/chat/completions",
+        json={"model": name, "messages": [{"role": "user", "content": "wake up"}], "max_tokens": 2},
+        timeout=60,
+    )
+    answered_s = time.time() - sent_at
+
+    assert answer.status_code == 200, (answer.text, world.why(name))
+    assert answer.json()["choices"][0]["message"]["content"], answer.text
+    assert world.desired(name) == 1
+    record = wait_until(
+        lambda: RoutingRecord.objects.filter(pool__slug=name).order_by("-created_at").first(),
+        timeout_s=10,
+        what="no history row for the woken request",
+    )
+    log.info(
+        "slept %.1f s after the change, woke and answered in %.1f s (queue wait %.0f ms)",
+        slept_at - patched_at,
+        answered_s,
+        record.queue_wait_ms,
+    )
+    # Held, not failed: the wake wait is the history row's queue wait.
+    assert record.outcome == "ok"
+    assert 500 < record.queue_wait_ms <= answered_s * 1000 + 1, record.queue_wait_ms
+    events = [(e["outcome"], e["replicas_before"], e["replicas_after"]) for e in world.events(name)]
+    assert events == [("scaled_in", 1, 0), ("scaled_out", 0, 1)], world.why(name)
+    assert world.events(name)[0]["reason"].endswith("scaled to zero")
+    assert world.events(name)[1]["reason"] == "1 request waiting: woken"
