@@ -648,7 +648,8 @@ def _no_target(pool: PoolEntry, kind: str, skipped: list[str]) -> GatewayError:
 
 def _sleeping(pool: PoolEntry) -> bool:
     """Say whether the pool is a service scaled to zero that a request wakes (it waits)."""
-    return pool.service is not None and pool.service.sleeping and not pool.targets
+    # A retired replica's target may linger (drained) until the pool is next synced.
+    return pool.service is not None and pool.service.sleeping
 
 
 def _why(skip: Skipped) -> str:

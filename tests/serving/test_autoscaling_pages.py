@@ -239,3 +239,26 @@ def test_another_projects_service_is_not_found(chat: Service, member: Client) ->
     Service.objects.filter(pk=chat.pk).update(project="elsewhere")
 
     assert member.get("/serving/services/chat/autoscaling/events/").status_code == 404
+
+
+def test_the_page_says_whether_a_service_that_scales_to_zero_sleeps_or_wakes(
+    staff: Client, chat: Service
+) -> None:
+    Service.objects.filter(pk=chat.pk).update(scale_to_zero_after_s=300, desired_replicas=0)
+    asleep = staff.get(PAGE).content.decode()
+    Service.objects.filter(pk=chat.pk).update(desired_replicas=1)
+    ScaleEvent.objects.create(
+        service=chat,
+        rule_text="scale to zero after 300 s idle",
+        value=1.0,
+        window_s=0,
+        replicas_before=0,
+        replicas_after=1,
+        outcome=Outcome.SCALED_OUT,
+        reason="1 request waiting: woken",
+    )
+    waking = staff.get(PAGE).content.decode()
+
+    assert "after 5 min without requests:" in asleep
+    assert "asleep, 0 replicas — the next request wakes it" in asleep
+    assert "waking — a request waits while a replica starts" in waking
