@@ -169,6 +169,10 @@ NEXUS_SERVING_TICK_S = env_float("NEXUS_SERVING_TICK_S", 1.0, minimum=0.2)
 # this server's HTTP API (empty: none configured, such rules have no data).
 NEXUS_AUTOSCALING_INTERVAL_S = env_float("NEXUS_AUTOSCALING_INTERVAL_S", 10.0, minimum=1.0)
 NEXUS_PROMETHEUS_URL = env_str("NEXUS_PROMETHEUS_URL", "")
+# The model store lists the model folders of this project ("" turns the store off); its seed
+# cards are written after every migrate unless NEXUS_MODEL_STORE_SEED is off (docs/model-store.md).
+NEXUS_MODEL_STORE_PROJECT = env_str("NEXUS_MODEL_STORE_PROJECT", "model-store")
+NEXUS_MODEL_STORE_SEED = env_bool("NEXUS_MODEL_STORE_SEED", True)
 # The one beat schedule table: every row expires just before its next run.
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {

@@ -160,6 +160,21 @@ SCALE_STATES = {
     "no_data": State("No data", Tone.WARN, WARNING, "No fresh samples: nothing is decided."),
 }
 
+# A routed request's outcome (pools.models.RoutingOutcome): what the client got.
+OUTCOME_STATES = {
+    "ok": State("OK", Tone.OK, OK, "Answered by a target."),
+    "client_error": State("Client error", Tone.WARN, WARNING, "The request's own fault (4xx)."),
+    "upstream_error": State("Upstream error", Tone.BAD, FAILED, "The target failed it."),
+    "queue_full": State("Queue full", Tone.BAD, FAILED, "Refused: the pool's queue was full."),
+    "queue_timeout": State(
+        "Queue timeout", Tone.BAD, FAILED, "No slot freed within the queue's wait."
+    ),
+    "no_target": State("No target", Tone.BAD, FAILED, "No target could take it."),
+    "interrupted": State("Interrupted", Tone.BAD, FAILED, "The answer broke off after output."),
+    "client_gone": State("Client gone", Tone.OFF, INACTIVE, "The client left before the end."),
+    "rate_limited": State("Rate limited", Tone.WARN, WARNING, "Over its token's limits."),
+}
+
 
 def _badge(kind: str, states: dict[str, State], state: str, detail: str, reason: str) -> Badge:
     try:
@@ -312,6 +327,11 @@ def scale(state: str, *, reason: str = "") -> Badge:
     return _badge("scale", SCALE_STATES, state, "", reason)
 
 
+def outcome(state: str, *, reason: str = "") -> Badge:
+    """Return a routed request's outcome: OK, or what went wrong (the failure in the title)."""
+    return _badge("outcome", OUTCOME_STATES, state, "", reason)
+
+
 # What `{% badge "<kind>" ... %}` calls: the kind's builder with the tag's arguments.
 BUILDERS: dict[str, Callable[..., Badge]] = {
     "target": target,
@@ -325,6 +345,7 @@ BUILDERS: dict[str, Callable[..., Badge]] = {
     "node": node,
     "token": token,
     "scale": scale,
+    "outcome": outcome,
 }
 
 # Every state of every kind, for the style guide and the tests.
@@ -337,6 +358,7 @@ CATALOGUE: dict[str, dict[str, State]] = {
     "node": NODE_STATES,
     "token": TOKEN_STATES,
     "scale": SCALE_STATES,
+    "outcome": OUTCOME_STATES,
 }
 
 
