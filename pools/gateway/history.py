@@ -62,10 +62,11 @@ class DecisionFacts(NamedTuple):
     def explain(self) -> dict[str, Any]:
         """Return the explanation kept in the history (RoutingRecord.decision)."""
         decision = self.latest.to_dict() if self.latest else {}
-        if len(self.per_attempt) > 1 or (self.per_attempt and self.per_attempt[-1] is not self.latest):
+        earlier = self.per_attempt
+        if len(earlier) > 1 or (earlier and earlier[-1] is not self.latest):
             # Retried (or no target was left after a failure): each attempt's own ranking, which
             # the latest decision shows only as "already tried".
-            decision["per_attempt"] = [earlier.to_dict() for earlier in self.per_attempt]
+            decision["per_attempt"] = [each.to_dict() for each in earlier]
         request: dict[str, Any] = {
             "kind": self.kind,
             "sticky_target_id": self.sticky_target_id,
