@@ -12,15 +12,17 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import OperationalError, connections
+from django.db import OperationalError, connection, connections
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from nexus.models import Project, Role
 from pools import history_retention, tasks
+from pools.balancer.snapshot import Decision
 from pools.gateway import history, metrics
-from pools.gateway.history import HistoryRecord, HistoryWriter
+from pools.gateway.history import DecisionFacts, HistoryRecord, HistoryWriter
 from pools.models import Pool, RoutingOutcome, RoutingRecord, Target
 from tests.nexus.factories import make_pool, make_target, make_user
 from tests.support.personas import add_member, signed_in
@@ -286,6 +288,38 @@ async def test_a_batch_written_twice_stores_each_request_once(pool: Pool) -> Non
     await sync_to_async(history.write_rows)(rows)
 
     assert await stored() == 2
+
+
+@pytest.mark.django_db
+def test_a_batch_is_written_without_looking_up_its_pools_and_targets() -> None:
+    pool = make_pool("chat")
+    target = make_target(pool, "gpu-1")
+    records = [row(pool, n, target_id=target.pk, target_name="gpu-1", token_id=7) for n in (1, 2)]
+
+    with CaptureQueriesContext(connection) as queries:
+        history.write_rows(records)
+
+    selects = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
+    assert selects == []
+    assert RoutingRecord.objects.filter(target=target).count() == 2
+
+
+@pytest.mark.django_db
+def test_the_writer_explains_the_gateways_decisions_from_the_decision_objects() -> None:
+    pool = make_pool("chat")
+    latest = Decision(None, None, (), (), all_full=False, continuity="none")
+    first = Decision(3, 1, (), (), all_full=False, continuity="kept")
+    facts = DecisionFacts(latest, (first,), "chat", 3, None, "POST", "/serve/app/x")
+
+    history.write_rows([row(pool, 1, decision=facts)])
+
+    decision = RoutingRecord.objects.get().decision
+    assert decision["target_id"] is None
+    assert [each["target_id"] for each in decision["per_attempt"]] == [3]
+    assert decision["request"] == {
+        "kind": "chat", "sticky_target_id": 3, "prefix_target_id": None,
+        "method": "POST", "path": "/serve/app/x",
+    }  # fmt: skip
 
 
 # The API ------------------------------------------------------------------------------------
