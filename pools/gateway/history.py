@@ -188,7 +188,7 @@ class HistoryWriter:
 
     def _write_buffered(self) -> None:
         while self._buffer:
-            batch = []
+            batch: list[HistoryRecord] = []
             while self._buffer and len(batch) < self.batch_size:
                 batch.append(self._buffer.popleft())
             try:
