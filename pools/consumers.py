@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from nexus import access, live
-from nexus.consumers import LiveConsumer
+from nexus.consumers import LiveConsumer, TickingLiveConsumer
 from pools import live as pools_live
+from pools import pool_views
 
 
 class PoolsConsumer(LiveConsumer):
@@ -22,3 +23,21 @@ class PoolsConsumer(LiveConsumer):
 
     def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         return pools_live.pools_table()
+
+
+class PoolPageConsumer(TickingLiveConsumer):
+    """Send one pool page's live card (targets' states, health, load; the queue) every second.
+
+    Rendered for this socket's user, who may see the pool: whether it shows the drain and resume
+    buttons is their role's, not their audience's.
+    """
+
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        pool = pool_views.visible_pools(user).filter(slug=url["slug"]).first()
+        if pool is None:
+            return None
+        self.can_manage = pool_views.may_operate(user, pool)
+        return f"pool-{pool.slug}"
+
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
+        return pool_views.pool_live(url["slug"], can_manage=self.can_manage)

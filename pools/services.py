@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from nexus.models import DEFAULT_PROJECT, ApiToken, project_named
 from nexus.ui import format as ui_format
+from nodes.models import NodeStatus, NodeTrust
 from pools import live
 from pools.balancer.continuity import continuity_keys
 from pools.balancer.snapshot import Decision, RequestFacts
@@ -183,10 +184,33 @@ def mark_drained(target_ids: list[int]) -> int:
     return changed
 
 
+def resume_refusal(target: Target) -> str:
+    """Return why the target may not return to service now; empty when its health allows it.
+
+    The probes' verdict, its node's state and every gateway's circuit count: a target that
+    traffic would eject again at once stays out.
+    """
+    node = target.node
+    if node is not None and node.trust != NodeTrust.TRUSTED:
+        return f"{target.name}'s node {node.name} is not trusted."
+    if node is not None and node.status == NodeStatus.OFFLINE:
+        why = f": {node.last_error}" if node.last_error else ""
+        return f"{target.name}'s node {node.name} is offline{why}."
+    if target.health == TargetHealth.UNHEALTHY:
+        return f"{target.name} fails its health probes."
+    circuit = live.live_state([target.id]).targets[target.id].circuit
+    if circuit is not None:
+        return f"{target.name} is ejected ({circuit.detail})."
+    return ""
+
+
 def resume_target(target: Target, *, timeout_s: float = 3.0) -> Target:
-    """Return a draining or drained target to service, once it answers its model list again."""
+    """Return a draining or drained target to service, once it is healthy and answers its model
+    list again."""
     if target.state == TargetState.ACTIVE:
         return target
+    if refusal := resume_refusal(target):
+        raise CannotResume(refusal)
     headers = {}
     if credential := target.upstream_credential():
         headers["Authorization"] = f"Bearer {credential}"
@@ -203,6 +227,26 @@ def resume_target(target: Target, *, timeout_s: float = 3.0) -> Target:
     target.state_changed_at = timezone.now()
     target.save(update_fields=["state", "state_changed_at", "updated_at"])
     return target
+
+
+def drain_pool(pool: Pool) -> list[Target]:
+    """Drain every active target of the pool; return those that began draining."""
+    started = []
+    for target in pool.targets.filter(state=TargetState.ACTIVE):
+        started.append(drain_target(target))
+    return started
+
+
+def resume_pool(pool: Pool) -> tuple[list[Target], list[str]]:
+    """Resume every draining or drained target of the pool that may; return those resumed and
+    why each other one was refused."""
+    resumed, refusals = [], []
+    for target in pool.targets.exclude(state=TargetState.ACTIVE).select_related("node"):
+        try:
+            resumed.append(resume_target(target))
+        except CannotResume as refusal:
+            refusals.append(str(refusal))
+    return resumed, refusals
 
 
 # -- managed pools: a model service's replicas (serving.pool_sync keeps them in step) ---------

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from django.urls import path
 
-from pools import views
+from pools import pool_views, views
 
 app_name = "pools"
 urlpatterns = [
     path("", views.pool_list, name="list"),
-    path("<slug:slug>/", views.pool_detail, name="detail"),
+    path("<slug:slug>/", pool_views.pool_detail, name="detail"),
+    path("<slug:slug>/drain/", pool_views.pool_drain, name="drain"),
+    path("<slug:slug>/resume/", pool_views.pool_resume, name="resume"),
+    path("<slug:slug>/targets/<int:pk>/drain/", pool_views.target_drain, name="target_drain"),
+    path("<slug:slug>/targets/<int:pk>/resume/", pool_views.target_resume, name="target_resume"),
 ]

@@ -69,6 +69,20 @@ class PoolViewSet(viewsets.ModelViewSet):
         )
         return Response(ranking)
 
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, slug: str) -> Response:
+        """Drain every active target of the pool; in-flight requests finish."""
+        started = services.drain_pool(self.get_object())
+        return Response({"draining": [target.name for target in started]})
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, slug: str) -> Response:
+        """Resume every draining or drained target that is healthy; say why each other is not."""
+        resumed, refusals = services.resume_pool(self.get_object())
+        return Response({"resumed": [target.name for target in resumed], "refused": refusals})
+
 
 @extend_schema_view(
     list=extend_schema(

@@ -1,0 +1,120 @@
+"""A pool's page: its targets live (state, health, load, queue), drain and resume, its settings.
+
+The live card is the page's partial `pools/pool_detail.html#pool-live`, rendered by
+`pool_live` for the first render and for every tick of the page's socket (PoolPageConsumer).
+Actions post plainly (POST, redirect, GET with a toast): the card they sit in is replaced every
+second, which would drop an htmx answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from nexus import access, live, scopes
+from nexus.auth import acting_user
+from nexus.models import ApiToken
+from pools import console, services
+from pools.models import Pool, Target
+from pools.views import visible_pools
+
+POOL_DETAIL = "pools/pool_detail.html"
+POOL_LIVE = f"{POOL_DETAIL}#pool-live"
+
+__all__ = ["may_operate", "pool_live", "visible_pools"]
+
+
+def may_operate(user: Any, pool: Pool) -> bool:
+    """Say whether the user may drain, resume and edit the pool: a changing role in its project,
+    and no service owning it (its service sets its targets)."""
+    return not pool.managed and access.may_change(user, pool.project.name)
+
+
+def pool_live(slug: str, *, can_manage: bool) -> str:
+    """Return the pool page's live card as it is now, for a socket; empty once the pool is gone."""
+    pool = Pool.objects.select_related("project").filter(slug=slug).first()
+    if pool is None:
+        return ""
+    return live.fragment(POOL_LIVE, console.pool_live_context(pool, can_manage=can_manage))
+
+
+@require_GET
+@login_required
+def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    """Render one pool's targets live, its settings, and how to call it (404 outside the user's
+    projects, so that no name leaks)."""
+    pool = get_object_or_404(visible_pools(request.user).select_related("project"), slug=slug)
+    # Only a prefix to recognise each by: a token's secret is never stored.
+    tokens = [
+        token
+        for token in ApiToken.objects.usable().filter(created_by=acting_user(request))
+        if token.may_call(scopes.pool(pool.slug))
+    ]
+    context = console.pool_live_context(pool, can_manage=may_operate(request.user, pool))
+    return render(request, POOL_DETAIL, {**context, "tokens": tokens})
+
+
+def operated_pool(request: HttpRequest, slug: str) -> Pool:
+    """Return the pool the user may operate: 404 when they cannot see it, 403 when they may
+    only read it."""
+    pool = get_object_or_404(visible_pools(request.user).select_related("project"), slug=slug)
+    if not may_operate(request.user, pool):
+        if pool.managed:
+            raise PermissionDenied("Its model service manages this pool's targets.")
+        raise PermissionDenied(access.ProjectRoles.message)
+    return pool
+
+
+def pool_target(pool: Pool, pk: int) -> Target:
+    return get_object_or_404(pool.targets.select_related("node"), pk=pk)
+
+
+@require_POST
+@login_required
+def target_drain(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Stop new requests to one target; those in flight finish."""
+    target = services.drain_target(pool_target(operated_pool(request, slug), pk))
+    messages.success(request, f"{target.name} is draining: it takes no new requests.")
+    return redirect("pools:detail", slug)
+
+
+@require_POST
+@login_required
+def target_resume(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Return one target to service, or say why it may not."""
+    target = pool_target(operated_pool(request, slug), pk)
+    try:
+        services.resume_target(target)
+    except services.CannotResume as refusal:
+        messages.error(request, f"Not resumed: {refusal}")
+    else:
+        messages.success(request, f"{target.name} is active again.")
+    return redirect("pools:detail", slug)
+
+
+@require_POST
+@login_required
+def pool_drain(request: HttpRequest, slug: str) -> HttpResponse:
+    """Drain every active target of the pool."""
+    started = services.drain_pool(operated_pool(request, slug))
+    names = ", ".join(target.name for target in started) or "none were active"
+    messages.success(request, f"Draining the whole pool: {names}.")
+    return redirect("pools:detail", slug)
+
+
+@require_POST
+@login_required
+def pool_resume(request: HttpRequest, slug: str) -> HttpResponse:
+    """Resume every draining or drained target that may; say why each other one may not."""
+    resumed, refusals = services.resume_pool(operated_pool(request, slug))
+    if resumed:
+        messages.success(request, f"Resumed: {', '.join(target.name for target in resumed)}.")
+    for refusal in refusals:
+        messages.error(request, f"Not resumed: {refusal}")
+    return redirect("pools:detail", slug)
