@@ -1,4 +1,5 @@
-"""The tokens page's form: a token's kind, what it may call, its expiry and its limits."""
+"""The Smart Balancer pages' forms: a token (kind, reach, expiry, limits); a pool's settings, a
+target added, a target's inline edit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from django.utils import timezone
 
 from nexus import access, scopes
 from nexus.models import DEFAULT_PROJECT, LIMIT_FIELDS, Project, default_project_pk
-from pools.models import Pool
+from pools import services
+from pools.models import Pool, RequestKind, Target, all_request_kinds
 
 
 class TokenIssueForm(forms.Form):
@@ -108,3 +110,76 @@ class TokenIssueForm(forms.Form):
 
     def chosen_project(self) -> Project:
         return Project.objects.get(name=self.cleaned_data["project"])
+
+
+class TargetTrafficForm(forms.ModelForm):
+    """A target's inline edit on its pool's page: its tier, its capacity (and share), on or off."""
+
+    class Meta:
+        model = Target
+        fields = list(services.TRAFFIC_FIELDS)
+
+
+class TargetAddForm(forms.ModelForm):
+    """A new target of a pool: an OpenAI-compatible endpoint with its own key (write-only)."""
+
+    # A runtime on the local network speaks plain http more often than not.
+    base_url = forms.URLField(
+        label="Base URL",
+        max_length=500,
+        assume_scheme="http",
+        help_text="OpenAI-compatible base URL, e.g. http://10.0.0.5:8000/v1.",
+    )
+    kinds = forms.MultipleChoiceField(
+        choices=RequestKind.choices,
+        widget=forms.CheckboxSelectMultiple,
+        initial=all_request_kinds,
+        help_text="The request kinds the endpoint serves; the others never go to it.",
+    )
+    credential = forms.CharField(
+        label="API key",
+        required=False,
+        widget=forms.PasswordInput,
+        help_text="Sent as its Bearer token; stored encrypted and never shown again.",
+    )
+
+    class Meta:
+        model = Target
+        fields = ["name", "base_url", "model_id", "kinds", "priority", "capacity_weight"]
+
+    def __init__(self, *args: Any, pool: Pool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pool = pool
+
+    def clean_name(self) -> str:
+        name = str(self.cleaned_data["name"])
+        # The form has no pool field, so the model's unique (pool, name) is not checked for it.
+        if self.pool.targets.filter(name=name).exists():
+            raise forms.ValidationError(f"{self.pool.name} has a target named {name} already.")
+        return name
+
+
+class PoolSettingsForm(forms.ModelForm):
+    """A pool's settings on its own page; the slug stays (apps call it)."""
+
+    class Meta:
+        model = Pool
+        fields = [
+            "name", "description", "strategy", "max_queue", "max_queue_wait_s", "max_attempts",
+            "first_byte_timeout_s", "first_token_timeout_s", "stream_idle_timeout_s",
+            "max_ejection_percent", "continuity_enabled", "continuity_threshold",
+            "history_retention_days", "history_max_rows",
+        ]  # fmt: skip
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+
+
+class DryRunForm(forms.Form):
+    """A sample request for a dry run: its kind, and a conversation it may continue."""
+
+    kind = forms.ChoiceField(choices=RequestKind.choices, initial=RequestKind.CHAT)
+    session_id = forms.CharField(
+        label="Session id",
+        required=False,
+        max_length=200,
+        help_text="As X-Nexus-Session-Id: shows where the conversation would stay.",
+    )

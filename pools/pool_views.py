@@ -1,4 +1,5 @@
-"""A pool's page: its targets live (state, health, load, queue), drain and resume, its settings.
+"""A pool's page: its targets live (state, health, load, queue), drain and resume, its targets'
+inline edit, adding and removing targets, its settings.
 
 The live card is the page's partial `pools/pool_detail.html#pool-live`, rendered by
 `pool_live` for the first render and for every tick of the page's socket (PoolPageConsumer).
@@ -20,12 +21,19 @@ from django.views.decorators.http import require_GET, require_POST
 from nexus import access, live, scopes
 from nexus.auth import acting_user
 from nexus.models import ApiToken
+from nexus.pages import HtmxHttpRequest, render_page_or_fragment
 from pools import console, services
+from pools.forms import DryRunForm, PoolSettingsForm, TargetAddForm, TargetTrafficForm
 from pools.models import Pool, Target
 from pools.views import visible_pools
 
 POOL_DETAIL = "pools/pool_detail.html"
 POOL_LIVE = f"{POOL_DETAIL}#pool-live"
+POOL_SETTINGS = "pools/pool_settings.html"
+TARGET_ADD = "pools/target_add.html"
+TARGET_REMOVE = "pools/target_remove.html"
+DRY_RUN = "pools/dry_run.html"
+DRY_RUN_RESULT = f"{DRY_RUN}#dry-run-result"
 
 __all__ = ["may_operate", "pool_live", "visible_pools"]
 
@@ -57,7 +65,13 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
         if token.may_call(scopes.pool(pool.slug))
     ]
     context = console.pool_live_context(pool, can_manage=may_operate(request.user, pool))
-    return render(request, POOL_DETAIL, {**context, "tokens": tokens})
+    # The inline edit sits outside the live card, which would replace what is being typed.
+    edits = [
+        (row.target, TargetTrafficForm(instance=row.target, prefix=f"target-{row.target.pk}"))
+        for row in context["rows"]
+    ]
+    page = {**context, "tokens": tokens, "edits": edits, "dry_run_form": DryRunForm()}
+    return render(request, POOL_DETAIL, page)
 
 
 def operated_pool(request: HttpRequest, slug: str) -> Pool:
@@ -118,3 +132,79 @@ def pool_resume(request: HttpRequest, slug: str) -> HttpResponse:
     for refusal in refusals:
         messages.error(request, f"Not resumed: {refusal}")
     return redirect("pools:detail", slug)
+
+
+@require_POST
+@login_required
+def target_edit(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Change a target's priority, capacity weight or enabled in place."""
+    target = pool_target(operated_pool(request, slug), pk)
+    form = TargetTrafficForm(request.POST, instance=target, prefix=f"target-{pk}")
+    if form.is_valid():
+        services.update_target(target, {name: form.cleaned_data[name] for name in form.fields})
+        messages.success(request, f"{target.name} saved.")
+    else:
+        problems = "; ".join(
+            f"{form.fields[name].label}: {' '.join(str(error) for error in errors)}"
+            for name, errors in form.errors.items()
+        )
+        messages.error(request, f"{target.name} not saved: {problems}")
+    return redirect("pools:detail", slug)
+
+
+@login_required
+def target_add(request: HttpRequest, slug: str) -> HttpResponse:
+    """Add an endpoint to the pool, with its own key."""
+    pool = operated_pool(request, slug)
+    form = TargetAddForm(request.POST or None, pool=pool)
+    if request.method == "POST" and form.is_valid():
+        fields = {name: form.cleaned_data[name] for name in TargetAddForm.Meta.fields}
+        target = services.add_target(pool, fields, credential=form.cleaned_data["credential"])
+        messages.success(request, f"{target.name} added to {pool.name}.")
+        return redirect("pools:detail", slug)
+    status = 400 if request.method == "POST" else 200
+    return render(request, TARGET_ADD, {"pool": pool, "form": form}, status=status)
+
+
+@login_required
+def target_remove(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Confirm, then remove a target from the pool."""
+    pool = operated_pool(request, slug)
+    target = pool_target(pool, pk)
+    if request.method == "POST":
+        services.remove_target(target)
+        messages.success(request, f"{target.name} removed from {pool.name}.")
+        return redirect("pools:detail", slug)
+    return render(request, TARGET_REMOVE, {"pool": pool, "target": target})
+
+
+@login_required
+def pool_settings(request: HttpRequest, slug: str) -> HttpResponse:
+    """Edit the pool's strategy, queue, retries, continuity, timeouts and history."""
+    pool = operated_pool(request, slug)
+    form = PoolSettingsForm(request.POST or None, instance=pool)
+    if request.method == "POST" and form.is_valid():
+        changes = {name: form.cleaned_data[name] for name in form.changed_data}
+        services.update_pool_settings(pool, changes)
+        messages.success(request, f"{pool.name}'s settings saved.")
+        return redirect("pools:detail", slug)
+    status = 400 if request.method == "POST" else 200
+    return render(request, POOL_SETTINGS, {"pool": pool, "form": form}, status=status)
+
+
+@require_GET
+@login_required
+def dry_run(request: HtmxHttpRequest, slug: str) -> HttpResponse:
+    """Rank the pool's targets for a sample request as the strategy would now; route nothing.
+
+    The page's form asks with htmx and gets the result's partial; without JavaScript, the page.
+    """
+    pool = get_object_or_404(visible_pools(request.user).select_related("project"), slug=slug)
+    form = DryRunForm(request.GET or None)
+    ranking = None
+    if form.is_valid():
+        asked = form.cleaned_data
+        headers = {"x-nexus-session-id": asked["session_id"]} if asked["session_id"] else {}
+        ranking = services.dry_run(pool, kind=asked["kind"], headers=headers, body={})
+    context = {"pool": pool, "form": form, "ranking": ranking}
+    return render_page_or_fragment(request, DRY_RUN, DRY_RUN_RESULT, context)

@@ -115,7 +115,32 @@ def dry_run(
         "gateways": state.gateways,
         "request": _facts(facts),
         **_decide_now(entry, facts, state).to_dict(),
+        "tiers": _every_tier(entry, facts, state),
     }
+
+
+def _every_tier(
+    entry: PoolEntry, facts: RequestFacts, state: live.LiveState
+) -> list[dict[str, Any]]:
+    """Return how each tier would rank its targets were it the one to take the request.
+
+    The decision itself ranks only the tier that takes the request; an operator also wants to
+    see what the tiers above it would do once it is full or gone. Each tier is decided alone,
+    so the ejection cap counts that tier's capacity only.
+    """
+    views = [state.view(target) for target in entry.targets]
+    tiers = sorted({view.priority for view in views})
+    ranked = []
+    for tier in tiers:
+        alone = decide(
+            [view for view in views if view.priority == tier],
+            entry.policy,
+            facts,
+            rng=random.Random(0),
+            turn=state.turns.get(entry.id, 0),
+        ).to_dict()
+        ranked.append({"tier": tier, "ranking": alone["ranking"], "skipped": alone["skipped"]})
+    return ranked
 
 
 def replay(record: RoutingRecord) -> dict[str, Any]:
@@ -247,6 +272,45 @@ def resume_pool(pool: Pool) -> tuple[list[Target], list[str]]:
         except CannotResume as refusal:
             refusals.append(str(refusal))
     return resumed, refusals
+
+
+# -- editing a pool and its targets: the pool page and the admin API alike ----------------------
+
+# What an operator changes of a target in place (the pool page's inline edit).
+TRAFFIC_FIELDS = ("priority", "capacity_weight", "enabled")
+
+
+def add_target(pool: Pool, fields: Mapping[str, Any], *, credential: str = "") -> Target:
+    """Add a target to the pool, its credential stored encrypted (never shown again)."""
+    target = Target(pool=pool, **fields)
+    target.set_credential(credential)
+    target.save()
+    return target
+
+
+def update_target(
+    target: Target, changes: Mapping[str, Any], *, credential: str | None = None
+) -> Target:
+    """Change a target's fields (a credential given replaces the stored one; "" removes it)."""
+    for name, value in changes.items():
+        setattr(target, name, value)
+    if credential is not None:
+        target.set_credential(credential)
+    target.save()
+    return target
+
+
+def remove_target(target: Target) -> None:
+    """Remove a target: requests in flight finish; its history keeps its name."""
+    target.delete()
+
+
+def update_pool_settings(pool: Pool, changes: Mapping[str, Any]) -> Pool:
+    """Change a pool's settings (its slug stays: apps call it)."""
+    for name, value in changes.items():
+        setattr(pool, name, value)
+    pool.save()
+    return pool
 
 
 # -- managed pools: a model service's replicas (serving.pool_sync keeps them in step) ---------

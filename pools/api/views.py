@@ -116,6 +116,9 @@ class TargetViewSet(viewsets.ModelViewSet):
             access.require_change(self.request.user, pool.project.name)
         serializer.save()
 
+    def perform_destroy(self, instance: Target) -> None:
+        services.remove_target(instance)
+
     @extend_schema(request=None, responses=TargetSerializer)
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, pk: str) -> Response:

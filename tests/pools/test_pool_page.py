@@ -215,3 +215,157 @@ def test_the_live_card_is_the_pages_own_partial(teammate: Client) -> None:
     assert pushed.lstrip().startswith('<section class="card" id="pool-live" hx-swap-oob="true">')
     first = page.split('<section class="card" id="pool-live">', 1)[1].split("</section>", 1)[0]
     assert first == pushed.split('hx-swap-oob="true">', 1)[1].split("</section>", 1)[0]
+
+
+def test_an_operator_edits_a_targets_priority_capacity_and_enabled_in_place(
+    operator: Client,
+) -> None:
+    target = make_target(make_pool("chat"), "a", priority=1, capacity_weight=4)
+    prefix = f"target-{target.pk}"
+
+    page = operator.get("/pools/chat/").content.decode()
+    assert f'name="{prefix}-capacity_weight" value="4"' in page
+
+    response = operator.post(
+        f"/pools/chat/targets/{target.pk}/",
+        {f"{prefix}-priority": "2", f"{prefix}-capacity_weight": "9"},
+        follow=True,
+    )
+
+    target.refresh_from_db()
+    assert (target.priority, target.capacity_weight, target.enabled) == (2, 9, False)
+    assert "a saved." in response.content.decode()
+
+
+def test_a_bad_capacity_is_refused_with_the_reason(operator: Client) -> None:
+    target = make_target(make_pool("chat"), "a", capacity_weight=4)
+    prefix = f"target-{target.pk}"
+
+    response = operator.post(
+        f"/pools/chat/targets/{target.pk}/",
+        {f"{prefix}-priority": "1", f"{prefix}-capacity_weight": "0", f"{prefix}-enabled": "on"},
+        follow=True,
+    )
+
+    target.refresh_from_db()
+    assert target.capacity_weight == 4
+    assert "a not saved: Capacity weight: Ensure this value is greater than or equal to 1." in (
+        response.content.decode()
+    )
+
+
+def test_an_operator_adds_a_provider_target_whose_key_is_never_shown(operator: Client) -> None:
+    make_pool("chat", name="Chat")
+    key = "sk-provider-secret-123456"
+
+    response = operator.post(
+        "/pools/chat/targets/add/",
+        {
+            "name": "openai",
+            "base_url": "https://api.openai.com/v1",
+            "model_id": "gpt-4o-mini",
+            "kinds": ["chat", "embeddings"],
+            "priority": "2",
+            "capacity_weight": "16",
+            "credential": key,
+        },  # fmt: skip
+        follow=True,
+    )
+
+    target = Target.objects.get(name="openai")
+    assert (target.kinds, target.priority, target.get_credential()) == (
+        ["chat", "embeddings"], 2, key,
+    )  # fmt: skip
+    assert key not in response.content.decode()
+    assert "openai added to Chat." in response.content.decode()
+
+
+def test_a_taken_name_is_refused_on_its_field_and_the_key_is_not_echoed(
+    operator: Client,
+) -> None:
+    make_target(make_pool("chat", name="Chat"), "openai")
+
+    response = operator.post(
+        "/pools/chat/targets/add/",
+        {"name": "openai", "base_url": "https://x.example/v1", "model_id": "m",
+         "kinds": ["chat"], "priority": "1", "capacity_weight": "4", "credential": "sk-typed"},
+    )  # fmt: skip
+
+    assert response.status_code == 400
+    assert "Chat has a target named openai already." in response.content.decode()
+    assert "sk-typed" not in response.content.decode()
+
+
+def test_an_operator_removes_a_target_after_confirming(operator: Client) -> None:
+    target = make_target(make_pool("chat"), "a")
+
+    confirm = operator.get(f"/pools/chat/targets/{target.pk}/remove/").content.decode()
+    assert "requests in flight to it finish" in confirm
+    operator.post(f"/pools/chat/targets/{target.pk}/remove/")
+
+    assert not Target.objects.filter(pk=target.pk).exists()
+
+
+def test_an_operator_edits_the_pool_settings(operator: Client) -> None:
+    pool = make_pool("chat", name="Chat")
+    form = {
+        "name": "Chat", "description": "", "strategy": "least_busy", "max_queue": "10",
+        "max_queue_wait_s": "5", "max_attempts": "3", "first_byte_timeout_s": "20",
+        "first_token_timeout_s": "30", "stream_idle_timeout_s": "15",
+        "max_ejection_percent": "50", "continuity_enabled": "", "continuity_threshold": "0.25",
+        "history_retention_days": "7", "history_max_rows": "5000",
+    }  # fmt: skip
+
+    response = operator.post("/pools/chat/settings/", form, follow=True)
+
+    pool.refresh_from_db()
+    assert (pool.strategy, pool.max_queue, pool.max_attempts, pool.continuity_enabled) == (
+        "least_busy", 10, 3, False,
+    )  # fmt: skip
+    assert (pool.first_byte_timeout_s, pool.history_retention_days) == (20.0, 7)
+    assert "Chat&#x27;s settings saved." in response.content.decode()
+
+
+def test_a_viewer_may_not_edit(teammate: Client) -> None:
+    target = make_target(make_pool("chat"), "a")
+
+    assert teammate.get("/pools/chat/settings/").status_code == 403
+    assert teammate.get("/pools/chat/targets/add/").status_code == 403
+    assert teammate.post(f"/pools/chat/targets/{target.pk}/").status_code == 403
+    assert teammate.post(f"/pools/chat/targets/{target.pk}/remove/").status_code == 403
+
+
+def test_the_dry_run_ranks_every_tier_and_explains_each_skip(teammate: Client) -> None:
+    pool = make_pool("chat", strategy="smart")
+    make_target(pool, "a", priority=1, capacity_weight=4)
+    make_target(pool, "b", priority=1, capacity_weight=4, state=TargetState.DRAINED)
+    make_target(pool, "c", priority=2, capacity_weight=8)
+    make_target(pool, "d", priority=2, kinds=["embeddings"])
+
+    response = teammate.get("/pools/chat/dry-run/?kind=chat", headers={"HX-Request": "true"})
+    result = response.content.decode()
+
+    assert result.lstrip().startswith('<div id="dry-run-result"')
+    assert "Would go to <strong data-chosen>a</strong> (tier 1)." in result
+    assert "Nothing was routed." in result
+    tier_2 = result.split('data-tier="2"', 1)[1]
+    assert '<tr data-target="c">' in tier_2
+    assert "Skipped: <strong>incompatible</strong> — " in tier_2
+    tier_1 = result.split('data-tier="1"', 1)[1].split('data-tier="2"', 1)[0]
+    assert "Skipped: <strong>drained</strong>" in tier_1
+    assert "<strong>utilization</strong>" in tier_1
+
+
+def test_the_dry_run_api_lists_every_tier(owner) -> None:
+    pool = make_pool("chat")
+    make_target(pool, "a", priority=1)
+    make_target(pool, "c", priority=2)
+
+    tiers = owner.post("/api/v1/pools/chat/dry-run/", {"kind": "chat"}, format="json").json()[
+        "tiers"
+    ]
+
+    assert [(tier["tier"], [r["name"] for r in tier["ranking"]]) for tier in tiers] == [
+        (1, ["a"]),
+        (2, ["c"]),
+    ]
