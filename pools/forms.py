@@ -171,6 +171,18 @@ class PoolSettingsForm(forms.ModelForm):
             "history_retention_days", "history_max_rows",
         ]  # fmt: skip
         widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+        labels = {
+            "max_queue": "Queue length",
+            "max_queue_wait_s": "Longest queue wait (s)",
+            "max_attempts": "Attempts",
+            "first_byte_timeout_s": "First byte timeout (s)",
+            "first_token_timeout_s": "First token timeout (s)",
+            "stream_idle_timeout_s": "Stream idle timeout (s)",
+            "max_ejection_percent": "Ejection cap (%)",
+            "continuity_enabled": "Continuity",
+            "history_retention_days": "History kept (days)",
+            "history_max_rows": "History rows at most",
+        }
 
 
 class DryRunForm(forms.Form):

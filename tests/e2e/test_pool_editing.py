@@ -90,7 +90,7 @@ def test_an_operator_edits_the_pool_settings(nexus: LiveServer, page: Page) -> N
 
     page.get_by_role("link", name="Edit settings").click()
     page.get_by_label("Strategy").select_option("least_busy")
-    page.get_by_label("Max queue", exact=True).fill("12")
+    page.get_by_label("Queue length").fill("12")
     screenshot(page, "pools-settings")
     page.get_by_role("button", name="Save settings").click()
 
