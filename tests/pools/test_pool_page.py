@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from django.test import Client
 
-from nexus.models import DEFAULT_PROJECT, Project, Role
+from nexus.models import DEFAULT_PROJECT, ApiToken, Project, Role
 from nodes.models import NodeStatus
 from pools import console, pool_views
 from pools.balancer.health import CircuitReport
@@ -369,3 +369,19 @@ def test_the_dry_run_api_lists_every_tier(owner) -> None:
         (1, ["a"]),
         (2, ["c"]),
     ]
+
+
+@pytest.mark.parametrize("targets", [2, 20])
+def test_the_pool_page_costs_a_fixed_number_of_queries(
+    operator: Client, django_assert_num_queries, targets: int
+) -> None:
+    pool = make_pool("chat")
+    for n in range(targets):
+        make_target(pool, f"t{n}", node=make_node(f"n{n}") if n % 2 else None, model_id="m")
+    ApiToken.issue("a token")
+
+    # Session, user, the pool with its project, the caller's tokens, the targets with their nodes:
+    # the same for 2 targets as for 20 (the live state comes from Redis, not the database).
+    with django_assert_num_queries(5):
+        response = operator.get("/pools/chat/")
+    assert response.status_code == 200
