@@ -195,3 +195,14 @@ class DryRunForm(forms.Form):
         max_length=200,
         help_text="As X-Nexus-Session-Id: shows where the conversation would stay.",
     )
+
+
+class ValidateForm(forms.Form):
+    """Run Validate; the one-token probe of each kind only when asked (real inference calls)."""
+
+    run = forms.CharField(widget=forms.HiddenInput, initial="1")
+    probe_kinds = forms.BooleanField(
+        label="Also send one one-token request per kind",
+        required=False,
+        help_text="Real inference calls to each target (a provider bills them).",
+    )

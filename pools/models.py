@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -360,3 +361,22 @@ class TokenUsage(models.Model):
 
     def __str__(self) -> str:
         return f"token {self.token_id} in pool {self.pool_id} at {self.hour:%Y-%m-%d %H}:00"
+
+
+class IdentityConfirmation(models.Model):
+    """An operator's word that an Exact-replicas pool's targets serve one model, where Validate
+    could not prove it: who, when, and which targets (with the model id each served then)."""
+
+    pool = models.ForeignKey(Pool, related_name="identity_confirmations", on_delete=models.CASCADE)
+    confirmed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    confirmed_by_name = models.CharField(max_length=150, help_text="Kept if the user goes.")
+    confirmed_at = models.DateTimeField(default=timezone.now)
+    targets = models.JSONField(help_text="Each target confirmed: id, name, model_id, base_url.")
+
+    class Meta:
+        ordering = ["-confirmed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.pool.slug} confirmed by {self.confirmed_by_name}"

@@ -16,14 +16,21 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from nexus import access, live, scopes
 from nexus.auth import acting_user
 from nexus.models import ApiToken
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment
-from pools import console, services
-from pools.forms import DryRunForm, PoolSettingsForm, TargetAddForm, TargetTrafficForm
+from pools import console, services, validation
+from pools.forms import (
+    DryRunForm,
+    PoolSettingsForm,
+    TargetAddForm,
+    TargetTrafficForm,
+    ValidateForm,
+)
 from pools.models import Pool, Target
 from pools.views import visible_pools
 
@@ -32,6 +39,7 @@ POOL_LIVE = f"{POOL_DETAIL}#pool-live"
 POOL_SETTINGS = "pools/pool_settings.html"
 TARGET_ADD = "pools/target_add.html"
 TARGET_REMOVE = "pools/target_remove.html"
+VALIDATE = "pools/validate.html"
 DRY_RUN = "pools/dry_run.html"
 DRY_RUN_RESULT = f"{DRY_RUN}#dry-run-result"
 
@@ -70,7 +78,13 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
         (row.target, TargetTrafficForm(instance=row.target, prefix=f"target-{row.target.pk}"))
         for row in context["rows"]
     ]
-    page = {**context, "tokens": tokens, "edits": edits, "dry_run_form": DryRunForm()}
+    page = {
+        **context,
+        "tokens": tokens,
+        "edits": edits,
+        "dry_run_form": DryRunForm(),
+        "identity_confirmation": pool.identity_confirmations.first(),
+    }
     return render(request, POOL_DETAIL, page)
 
 
@@ -215,3 +229,35 @@ def dry_run(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         ranking = services.dry_run(pool, kind=asked["kind"], headers=headers, body={})
     context = {"pool": pool, "form": form, "ranking": ranking}
     return render_page_or_fragment(request, DRY_RUN, DRY_RUN_RESULT, context)
+
+
+@require_GET
+@login_required
+def validate(request: HttpRequest, slug: str) -> HttpResponse:
+    """Show the Validate form, and the report once asked (nothing changes: a GET)."""
+    pool = seen_pool(request.user, slug)
+    form = ValidateForm(request.GET or None)
+    report = None
+    can_manage = may_operate(request.user, pool)
+    # Validate calls every target (real inference when probing): those who may change the pool.
+    if form.is_valid() and can_manage:
+        report = validation.validate(pool, probe_kinds=form.cleaned_data["probe_kinds"])
+    context = {
+        "pool": pool,
+        "form": form,
+        "report": report,
+        "confirmation": pool.identity_confirmations.first(),
+        "can_manage": can_manage,
+    }
+    return render(request, VALIDATE, context)
+
+
+@require_POST
+@login_required
+def confirm_identity(request: HttpRequest, slug: str) -> HttpResponse:
+    """Store the operator's word that the pool's targets serve one model."""
+    pool = operated_pool(request, slug)
+    confirmation = validation.confirm_identity(pool, request.user)
+    count = len(confirmation.targets)
+    messages.success(request, f"Confirmed: the {count} targets of {pool.name} serve one model.")
+    return redirect(f"{reverse('pools:validate', args=[slug])}?run=1")

@@ -287,3 +287,11 @@ class DryRunSerializer(serializers.Serializer):
         default=dict,
         help_text="A request body, for prompt_cache_key, user and the prompt-prefix affinity.",
     )
+
+
+class ValidateSerializer(serializers.Serializer):
+    """What Validate should do beyond asking: a one-token request per kind (real inference)."""
+
+    probe_kinds = serializers.BooleanField(
+        default=False, help_text="Send one one-token request per configured kind to each target."
+    )

@@ -15,7 +15,7 @@ from rest_framework.serializers import BaseSerializer
 
 from nexus import access
 from nexus.models import Project, default_project_pk
-from pools import services
+from pools import services, validation
 from pools.api.serializers import (
     DryRunSerializer,
     HistoryFilterSerializer,
@@ -25,6 +25,7 @@ from pools.api.serializers import (
     TargetSerializer,
     TokenUsageSerializer,
     UsageFilterSerializer,
+    ValidateSerializer,
     visible_pools,
 )
 from pools.models import Pool, RoutingRecord, Target, TokenUsage
@@ -68,6 +69,23 @@ class PoolViewSet(viewsets.ModelViewSet):
             self.get_object(), kind=asked["kind"], headers=headers, body=asked["body"]
         )
         return Response(ranking)
+
+    @extend_schema(request=ValidateSerializer, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def validate(self, request: Request, slug: str) -> Response:
+        """Check every target and the pool (docs/pools-console.md); change nothing."""
+        asked = ValidateSerializer(data=request.data)
+        asked.is_valid(raise_exception=True)
+        pool = self.get_object()
+        report = validation.validate(pool, probe_kinds=asked.validated_data["probe_kinds"])
+        return Response(report.to_dict())
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path="confirm-identity")
+    def confirm_identity(self, request: Request, slug: str) -> Response:
+        """Store the caller's word that the pool's targets, as they are, serve one model."""
+        confirmation = validation.confirm_identity(self.get_object(), request.user)
+        return Response(validation.confirmation_dict(confirmation), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"])

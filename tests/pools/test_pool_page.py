@@ -380,8 +380,9 @@ def test_the_pool_page_costs_a_fixed_number_of_queries(
         make_target(pool, f"t{n}", node=make_node(f"n{n}") if n % 2 else None, model_id="m")
     ApiToken.issue("a token")
 
-    # Session, user, the pool with its project, the caller's tokens, the targets with their nodes:
+    # Session, user, the pool with its project, the caller's tokens, the targets with their nodes,
+    # its latest identity confirmation:
     # the same for 2 targets as for 20 (the live state comes from Redis, not the database).
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         response = operator.get("/pools/chat/")
     assert response.status_code == 200
