@@ -41,3 +41,16 @@ class PoolPageConsumer(TickingLiveConsumer):
 
     def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         return pool_views.pool_live(url["slug"], can_manage=self.can_manage)
+
+
+class TrafficRunConsumer(TickingLiveConsumer):
+    """Send a Try traffic or drill run's live card every second while its page is open."""
+
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        pool = pool_views.visible_pools(user).filter(slug=url["slug"]).first()
+        if pool is None or not pool.traffic_runs.filter(pk=url["pk"]).exists():
+            return None
+        return f"pool-{pool.slug}-run-{url['pk']}"
+
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
+        return pool_views.run_live(url["slug"], url["pk"])

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from nexus import access, scopes
 from nexus.models import DEFAULT_PROJECT, LIMIT_FIELDS, Project, default_project_pk
-from pools import services
+from pools import services, traffic
 from pools.models import Pool, RequestKind, Target, all_request_kinds
 
 
@@ -206,3 +206,43 @@ class ValidateForm(forms.Form):
         required=False,
         help_text="Real inference calls to each target (a provider bills them).",
     )
+
+
+class TryTrafficForm(forms.Form):
+    """Real requests through the pool's gateway, bounded (pools.traffic)."""
+
+    requests = forms.IntegerField(
+        min_value=1, max_value=traffic.MAX_REQUESTS, initial=40,
+        help_text=f"At most {traffic.MAX_REQUESTS}.",
+    )  # fmt: skip
+    concurrency = forms.IntegerField(
+        min_value=1, max_value=traffic.MAX_CONCURRENCY, initial=4,
+        help_text=f"Requests at once, at most {traffic.MAX_CONCURRENCY}.",
+    )  # fmt: skip
+    kind = forms.ChoiceField(choices=RequestKind.choices, initial=RequestKind.CHAT)
+    stream = forms.BooleanField(required=False, initial=True, label="Stream the answers")
+    max_tokens = forms.IntegerField(
+        min_value=1, max_value=traffic.MAX_TOKENS, initial=16, label="Max tokens",
+        help_text=f"Per answer, at most {traffic.MAX_TOKENS}.",
+    )  # fmt: skip
+
+
+class DrillForm(TryTrafficForm):
+    """A failure drill: the target to drain, and the burst each phase sends."""
+
+    target = forms.ChoiceField(help_text="Drained in the middle phase, resumed for the last.")
+
+    field_order = ["target", "requests", "concurrency", "kind", "stream", "max_tokens"]
+
+    def __init__(self, *args: Any, pool: Pool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        target_field = self.fields["target"]
+        assert isinstance(target_field, forms.ChoiceField)
+        target_field.choices = [
+            (str(pk), name)
+            for pk, name in pool.targets.filter(state="active", enabled=True).values_list(
+                "pk", "name"
+            )
+        ]
+        requests_field = self.fields["requests"]
+        requests_field.label = "Requests per phase"

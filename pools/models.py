@@ -380,3 +380,50 @@ class IdentityConfirmation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool.slug} confirmed by {self.confirmed_by_name}"
+
+
+class TrafficRunKind(models.TextChoices):
+    TRY = "try", "Try traffic"
+    DRILL = "drill", "Failure drill"
+
+
+class TrafficRunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+
+
+class TrafficRun(models.Model):
+    """Real requests sent through a pool by its operator: Try traffic, or a failure drill.
+
+    Its phases (one for Try traffic; before, drain, after resume for a drill) fill in while it
+    runs in a Celery worker; the run's page reads this row each second.
+    """
+
+    pool = models.ForeignKey(Pool, related_name="traffic_runs", on_delete=models.CASCADE)
+    kind = models.CharField(max_length=8, choices=TrafficRunKind.choices)
+    status = models.CharField(
+        max_length=16, choices=TrafficRunStatus.choices, default=TrafficRunStatus.QUEUED
+    )
+    params = models.JSONField(help_text="requests, concurrency, kind, stream, max_tokens; "
+                              "a drill's target_id and target_name.")  # fmt: skip
+    phases = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Each phase: name, planned, sent, outcomes, per-target counts, TTFT.",
+    )
+    verdict = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} #{self.pk} of {self.pool.slug}"

@@ -23,15 +23,18 @@ from nexus import access, live, scopes
 from nexus.auth import acting_user
 from nexus.models import ApiToken
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment
-from pools import console, services, validation
+from nexus.ui import charts
+from pools import console, services, traffic, validation
 from pools.forms import (
+    DrillForm,
     DryRunForm,
     PoolSettingsForm,
     TargetAddForm,
     TargetTrafficForm,
+    TryTrafficForm,
     ValidateForm,
 )
-from pools.models import Pool, Target
+from pools.models import Pool, Target, TrafficRun, TrafficRunKind
 from pools.views import visible_pools
 
 POOL_DETAIL = "pools/pool_detail.html"
@@ -40,6 +43,9 @@ POOL_SETTINGS = "pools/pool_settings.html"
 TARGET_ADD = "pools/target_add.html"
 TARGET_REMOVE = "pools/target_remove.html"
 VALIDATE = "pools/validate.html"
+TRAFFIC_FORM = "pools/traffic_form.html"
+RUN_DETAIL = "pools/run_detail.html"
+RUN_LIVE = f"{RUN_DETAIL}#run-live"
 DRY_RUN = "pools/dry_run.html"
 DRY_RUN_RESULT = f"{DRY_RUN}#dry-run-result"
 
@@ -84,6 +90,7 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "edits": edits,
         "dry_run_form": DryRunForm(),
         "identity_confirmation": pool.identity_confirmations.first(),
+        "drills": pool.traffic_runs.filter(kind=TrafficRunKind.DRILL)[:5],
     }
     return render(request, POOL_DETAIL, page)
 
@@ -261,3 +268,69 @@ def confirm_identity(request: HttpRequest, slug: str) -> HttpResponse:
     count = len(confirmation.targets)
     messages.success(request, f"Confirmed: the {count} targets of {pool.name} serve one model.")
     return redirect(f"{reverse('pools:validate', args=[slug])}?run=1")
+
+
+def traffic_params(form: TryTrafficForm) -> dict[str, Any]:
+    return {name: form.cleaned_data[name] for name in TryTrafficForm.base_fields}
+
+
+@login_required
+def try_traffic(request: HttpRequest, slug: str) -> HttpResponse:
+    """Send N real requests through the pool's gateway and watch where they go."""
+    pool = operated_pool(request, slug)
+    form = TryTrafficForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        run = services.start_traffic(pool, TrafficRunKind.TRY, traffic_params(form), request.user)
+        return redirect("pools:run", slug, run.pk)
+    status = 400 if request.method == "POST" else 200
+    context = {"pool": pool, "form": form, "kind": TrafficRunKind.TRY}
+    return render(request, TRAFFIC_FORM, context, status=status)
+
+
+@login_required
+def failure_drill(request: HttpRequest, slug: str) -> HttpResponse:
+    """Drain one target under traffic and resume it: did the pool avoid it and take it back?"""
+    pool = operated_pool(request, slug)
+    form = DrillForm(request.POST or None, pool=pool)
+    if request.method == "POST" and form.is_valid():
+        target = pool_target(pool, int(form.cleaned_data["target"]))
+        params = traffic_params(form)
+        run = services.start_traffic(
+            pool, TrafficRunKind.DRILL, params, request.user, target=target
+        )
+        return redirect("pools:run", slug, run.pk)
+    status = 400 if request.method == "POST" else 200
+    context = {"pool": pool, "form": form, "kind": TrafficRunKind.DRILL}
+    return render(request, TRAFFIC_FORM, context, status=status)
+
+
+def run_context(run: TrafficRun) -> dict[str, Any]:
+    """Return what the run's live card needs: each phase's counts, shares and TTFT."""
+    phases = [
+        {
+            **phase,
+            "chart": charts.share_chart(
+                f"Requests per target · {phase['name']}", sorted(phase["by_target"].items())
+            ),
+            "ttft_p50_ms": traffic.ttft_p50(phase),
+        }
+        for phase in run.phases
+    ]
+    return {"run": run, "pool": run.pool, "phases": phases}
+
+
+def run_live(slug: str, pk: int) -> str:
+    """Return a run's live card as it is now, for its page's socket."""
+    run = TrafficRun.objects.select_related("pool").filter(pk=pk, pool__slug=slug).first()
+    if run is None:
+        return ""
+    return live.fragment(RUN_LIVE, run_context(run))
+
+
+@require_GET
+@login_required
+def run_detail(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Show a Try traffic or drill run, live while it runs."""
+    pool = seen_pool(request.user, slug)
+    run = get_object_or_404(pool.traffic_runs.select_related("pool"), pk=pk)
+    return render(request, RUN_DETAIL, run_context(run))

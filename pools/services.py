@@ -16,7 +16,7 @@ from django.utils import timezone
 from nexus.models import DEFAULT_PROJECT, ApiToken, project_named
 from nexus.ui import format as ui_format
 from nodes.models import NodeStatus, NodeTrust
-from pools import live
+from pools import live, traffic
 from pools.balancer.continuity import continuity_keys
 from pools.balancer.snapshot import Decision, RequestFacts
 from pools.balancer.strategies import decide
@@ -29,6 +29,8 @@ from pools.models import (
     TargetHealth,
     TargetState,
     TokenUsage,
+    TrafficRun,
+    TrafficRunStatus,
     all_request_kinds,
 )
 
@@ -311,6 +313,38 @@ def update_pool_settings(pool: Pool, changes: Mapping[str, Any]) -> Pool:
         setattr(pool, name, value)
     pool.save()
     return pool
+
+
+# -- Try traffic and the failure drill: real requests, run by a worker (pools.traffic) ----------
+
+
+def start_traffic(
+    pool: Pool, kind: str, params: Mapping[str, Any], user: Any, *, target: Target | None = None
+) -> TrafficRun:
+    """Store a Try traffic or drill run and queue it once committed; return the row."""
+    wanted = dict(params)
+    if target is not None:
+        wanted.update(target_id=target.pk, target_name=target.name)
+    run = TrafficRun.objects.create(
+        pool=pool, kind=kind, params=wanted, created_by=user if getattr(user, "pk", None) else None
+    )
+    # Imported here: the tasks module imports this one.
+    from pools.tasks import run_traffic
+
+    transaction.on_commit(lambda: run_traffic.delay(run.pk))
+    return run
+
+
+def run_claimed(run_id: int) -> str:
+    """Run a queued traffic run, claimed atomically: a duplicate delivery does nothing."""
+    claimed = TrafficRun.objects.filter(pk=run_id, status=TrafficRunStatus.QUEUED).update(
+        status=TrafficRunStatus.RUNNING, started_at=timezone.now()
+    )
+    run = TrafficRun.objects.select_related("pool__project", "created_by").filter(pk=run_id).first()
+    if not claimed or run is None:
+        return "not queued"
+    traffic.execute(run)
+    return run.status
 
 
 # -- managed pools: a model service's replicas (serving.pool_sync keeps them in step) ---------

@@ -381,8 +381,8 @@ def test_the_pool_page_costs_a_fixed_number_of_queries(
     ApiToken.issue("a token")
 
     # Session, user, the pool with its project, the caller's tokens, the targets with their nodes,
-    # its latest identity confirmation:
+    # its latest identity confirmation, its latest drills:
     # the same for 2 targets as for 20 (the live state comes from Redis, not the database).
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(7):
         response = operator.get("/pools/chat/")
     assert response.status_code == 200
