@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from nexus import live
+
+log = logging.getLogger(__name__)
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -126,5 +129,10 @@ class TickingLiveConsumer(LiveConsumer):
         render = database_sync_to_async(self.current)
         while True:
             await asyncio.sleep(self.tick_s)
-            html = await render(audience, url)
+            try:
+                html = await render(audience, url)
+            except Exception:
+                # A failing read (database, Redis) skips a tick; the page keeps its last frame.
+                log.exception("could not render a tick of %s", type(self).__name__)
+                continue
             await self.live_fragments({"type": "live.fragments", "key": "tick", "html": html})

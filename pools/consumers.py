@@ -7,7 +7,7 @@ from typing import Any
 from nexus import access, live
 from nexus.consumers import LiveConsumer, TickingLiveConsumer
 from pools import live as pools_live
-from pools import pool_views
+from pools import live_figures, live_views, pool_views
 
 
 class PoolsConsumer(LiveConsumer):
@@ -23,6 +23,32 @@ class PoolsConsumer(LiveConsumer):
 
     def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         return pools_live.pools_table()
+
+
+class LivePageConsumer(TickingLiveConsumer):
+    """Send the Live page's figures and charts about once a second, rendered for this user.
+
+    Nothing announces traffic (it changes all the time), so this socket renders its page's
+    partials on a clock instead of hearing pushes: each tick is `current()`, the same partials
+    as the first render, for the pools this user sees (one render per open Live page; docs/live.md).
+    """
+
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        if live_views.watched_pools(user, url.get("slug")) is None:
+            return None
+        self.user = user
+        return f"live.{url.get('slug') or ''}"
+
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
+        slug = url.get("slug")
+        pools = live_views.pools_for_push(self.user, slug)
+        if pools is None:  # the pool was deleted or moved out of reach since the socket opened
+            return ""
+        return live_views.live_fragments(pools, single=slug is not None, cache=self.buckets)
+
+    async def connect(self) -> None:
+        self.buckets = live_figures.BucketCache()
+        await super().connect()
 
 
 class PoolPageConsumer(TickingLiveConsumer):

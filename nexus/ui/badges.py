@@ -149,6 +149,21 @@ TOKEN_STATES = {
     "revoked": State("Revoked", Tone.OFF, TURNED_OFF, "Revoked: refused."),
 }
 
+# A routed request's outcome (pools.models.RoutingOutcome): what the client got.
+OUTCOME_STATES = {
+    "ok": State("OK", Tone.OK, OK, "Answered by a target."),
+    "client_error": State("Client error", Tone.WARN, WARNING, "The request's own fault (4xx)."),
+    "upstream_error": State("Upstream error", Tone.BAD, FAILED, "The target failed it."),
+    "queue_full": State("Queue full", Tone.BAD, FAILED, "Refused: the pool's queue was full."),
+    "queue_timeout": State(
+        "Queue timeout", Tone.BAD, FAILED, "No slot freed within the queue's wait."
+    ),
+    "no_target": State("No target", Tone.BAD, FAILED, "No target could take it."),
+    "interrupted": State("Interrupted", Tone.BAD, FAILED, "The answer broke off after output."),
+    "client_gone": State("Client gone", Tone.OFF, INACTIVE, "The client left before the end."),
+    "rate_limited": State("Rate limited", Tone.WARN, WARNING, "Over its token's limits."),
+}
+
 
 def _badge(kind: str, states: dict[str, State], state: str, detail: str, reason: str) -> Badge:
     try:
@@ -296,6 +311,11 @@ def token(state: str, *, reason: str = "") -> Badge:
     return _badge("token", TOKEN_STATES, state, "", reason)
 
 
+def outcome(state: str, *, reason: str = "") -> Badge:
+    """Return a routed request's outcome: OK, or what went wrong (the failure in the title)."""
+    return _badge("outcome", OUTCOME_STATES, state, "", reason)
+
+
 # What `{% badge "<kind>" ... %}` calls: the kind's builder with the tag's arguments.
 BUILDERS: dict[str, Callable[..., Badge]] = {
     "target": target,
@@ -308,6 +328,7 @@ BUILDERS: dict[str, Callable[..., Badge]] = {
     "deployment": deployment,
     "node": node,
     "token": token,
+    "outcome": outcome,
 }
 
 # Every state of every kind, for the style guide and the tests.
@@ -319,6 +340,7 @@ CATALOGUE: dict[str, dict[str, State]] = {
     "deployment": DEPLOYMENT_STATES,
     "node": NODE_STATES,
     "token": TOKEN_STATES,
+    "outcome": OUTCOME_STATES,
 }
 
 

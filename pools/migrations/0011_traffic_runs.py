@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pools', '0009_identity_confirmation'),
+        ('pools', '0010_identity_confirmation'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pools', '0008_pool_upstream_timeouts_and_ejection_cap'),
+        ('pools', '0009_history_pages'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
