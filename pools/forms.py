@@ -246,3 +246,43 @@ class DrillForm(TryTrafficForm):
         ]
         requests_field = self.fields["requests"]
         requests_field.label = "Requests per phase"
+
+
+# The document's caveats of each compatibility mode, shown beside the choice.
+COMPATIBILITY_HELP = (
+    "Exact replicas: every target serves the very same model (same weights, same build), so any "
+    "answer may come from any of them; Validate asks you to confirm it where it cannot prove it. "
+    "Equivalent generation: targets serve comparable models (e.g. one family on different "
+    "runtimes or providers); answers may differ between them, and Validate warns of differing "
+    "context lengths and kinds."
+)
+
+
+class PoolCreateForm(forms.ModelForm):
+    """A new pool: its name, its slug (fixed once created), project, compatibility, strategy."""
+
+    project = forms.ChoiceField(help_text="Whose members manage the pool and see it.")
+
+    class Meta:
+        model = Pool
+        fields = ["name", "slug", "project", "compatibility_mode", "strategy", "description"]
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+        help_texts = {
+            "slug": "Apps call the pool as @pool/<slug>; fixed once created.",
+            "compatibility_mode": COMPATIBILITY_HELP,
+            "strategy": "Smart (recommended): the shortest expected wait, with continuity as a "
+            "bonus. Priority: the least busy of the first tier. Capacity: shares by weight. "
+            "Least busy: the lowest load. Round robin: in turn.",
+        }
+
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        default_project_pk()  # the default project exists from its first use on
+        names = access.changeable_projects(user).order_by("name").values_list("name", flat=True)
+        project_field = self.fields["project"]
+        assert isinstance(project_field, forms.ChoiceField)
+        project_field.choices = [(name, name) for name in names]
+        project_field.initial = DEFAULT_PROJECT
+
+    def clean_project(self) -> Project:
+        return Project.objects.get(name=self.cleaned_data["project"])

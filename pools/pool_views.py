@@ -28,6 +28,7 @@ from pools import console, services, traffic, validation
 from pools.forms import (
     DrillForm,
     DryRunForm,
+    PoolCreateForm,
     PoolSettingsForm,
     TargetAddForm,
     TargetTrafficForm,
@@ -40,6 +41,8 @@ from pools.views import visible_pools
 POOL_DETAIL = "pools/pool_detail.html"
 POOL_LIVE = f"{POOL_DETAIL}#pool-live"
 POOL_SETTINGS = "pools/pool_settings.html"
+POOL_NEW = "pools/pool_new.html"
+POOL_NEW_SLUG = f"{POOL_NEW}#slug-check"
 TARGET_ADD = "pools/target_add.html"
 TARGET_REMOVE = "pools/target_remove.html"
 VALIDATE = "pools/validate.html"
@@ -334,3 +337,21 @@ def run_detail(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     pool = seen_pool(request.user, slug)
     run = get_object_or_404(pool.traffic_runs.select_related("pool"), pk=pk)
     return render(request, RUN_DETAIL, run_context(run))
+
+
+@login_required
+def pool_new(request: HtmxHttpRequest) -> HttpResponse:
+    """Create a pool in one of the user's projects; its targets are added on its page next."""
+    if not access.changeable_projects(request.user).exists():
+        raise PermissionDenied(access.ProjectRoles.message)
+    form = PoolCreateForm(request.POST or None, user=request.user)
+    if request.htmx and request.method == "POST":
+        # The live slug check: the whole form is validated, only the slug's verdict is shown.
+        form.is_valid()
+        return render(request, POOL_NEW_SLUG, {"form": form})
+    if request.method == "POST" and form.is_valid():
+        pool = services.create_pool(form.cleaned_data)
+        messages.success(request, f"{pool.name} created: add its targets.")
+        return redirect("pools:detail", pool.slug)
+    status = 400 if request.method == "POST" else 200
+    return render(request, POOL_NEW, {"form": form}, status=status)

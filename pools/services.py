@@ -286,6 +286,11 @@ def resume_pool(pool: Pool) -> tuple[list[Target], list[str]]:
 TRAFFIC_FIELDS = ("priority", "capacity_weight", "enabled")
 
 
+def create_pool(fields: Mapping[str, Any]) -> Pool:
+    """Create a pool (its slug is fixed from now on); its targets come next."""
+    return Pool.objects.create(**fields)
+
+
 def add_target(pool: Pool, fields: Mapping[str, Any], *, credential: str = "") -> Target:
     """Add a target to the pool, its credential stored encrypted (never shown again)."""
     target = Target(pool=pool, **fields)

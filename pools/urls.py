@@ -9,6 +9,7 @@ from pools import pool_views, views
 app_name = "pools"
 urlpatterns = [
     path("", views.pool_list, name="list"),
+    path("new/", pool_views.pool_new, name="new"),
     path("<slug:slug>/", pool_views.pool_detail, name="detail"),
     path("<slug:slug>/settings/", pool_views.pool_settings, name="settings"),
     path("<slug:slug>/dry-run/", pool_views.dry_run, name="dry_run"),

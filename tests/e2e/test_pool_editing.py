@@ -98,3 +98,25 @@ def test_an_operator_edits_the_pool_settings(nexus: LiveServer, page: Page) -> N
     expect(page.locator(".settings")).to_contain_text("Least busy")
     pool = committed(lambda: Pool.objects.get(slug="edit"))
     assert (pool.strategy, pool.max_queue) == ("least_busy", 12)
+
+
+def test_an_operator_creates_a_pool_its_slug_checked_as_typed(
+    nexus: LiveServer, page: Page
+) -> None:
+    sign_in(page, nexus, "/pools/", username="operator")
+    page.get_by_role("link", name="Add pool").click()
+
+    page.get_by_label("Name").fill("Fresh")
+    page.get_by_label("Slug").fill("edit")
+    expect(page.locator("#slug-check")).to_have_text("Pool with this Slug already exists.")
+    page.get_by_label("Slug").fill("fresh")
+    expect(page.locator("#slug-check")).to_have_text("@pool/fresh is free.")
+    page.get_by_label("Compatibility mode").select_option("equivalent_generation")
+    screenshot(page, "pools-new")
+    page.get_by_role("button", name="Create pool").click()
+
+    expect(page).to_have_url(f"{nexus.url}/pools/fresh/")
+    expect(page.locator("#toasts")).to_contain_text("Fresh created: add its targets.")
+    assert committed(lambda: Pool.objects.get(slug="fresh").compatibility_mode) == (
+        "equivalent_generation"
+    )
