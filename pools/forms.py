@@ -143,6 +143,16 @@ class TargetAddForm(forms.ModelForm):
         help_text="Sent as its Bearer token; stored encrypted and never shown again.",
     )
 
+    capacity_weight = forms.IntegerField(
+        label="Capacity weight",
+        required=False,
+        min_value=1,
+        help_text="Requests it runs at once, and its share within its tier. Empty: what its "
+        "runtime says it runs at once (the simulator, llama.cpp, SGLang), else 4.",
+    )
+
+    DEFAULT_CAPACITY = 4
+
     class Meta:
         model = Target
         fields = ["name", "base_url", "model_id", "kinds", "priority", "capacity_weight"]

@@ -190,8 +190,16 @@ def target_add(request: HttpRequest, slug: str) -> HttpResponse:
     form = TargetAddForm(request.POST or None, pool=pool)
     if request.method == "POST" and form.is_valid():
         fields = {name: form.cleaned_data[name] for name in TargetAddForm.Meta.fields}
+        said = ""
+        if fields["capacity_weight"] is None:
+            # Prefilled from what the runtime runs at once, where it says (docs/pools-console.md).
+            detected, source = validation.detect_runtime_concurrency(fields["base_url"])
+            fields["capacity_weight"] = detected or TargetAddForm.DEFAULT_CAPACITY
+            said = f" Capacity {fields['capacity_weight']}: " + (
+                source if detected else "its runtime does not say what it runs at once"
+            )
         target = services.add_target(pool, fields, credential=form.cleaned_data["credential"])
-        messages.success(request, f"{target.name} added to {pool.name}.")
+        messages.success(request, f"{target.name} added to {pool.name}.{said}")
         return redirect("pools:detail", slug)
     status = 400 if request.method == "POST" else 200
     return render(request, TARGET_ADD, {"pool": pool, "form": form}, status=status)

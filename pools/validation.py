@@ -262,6 +262,13 @@ def detect_concurrency(client: httpx.Client, base_url: str) -> tuple[int | None,
     return None, ""
 
 
+def detect_runtime_concurrency(base_url: str) -> tuple[int | None, str]:
+    """Return what the runtime at this URL runs at once, and how that was learnt (no key sent:
+    runtimes tell it without one; providers tell nothing)."""
+    with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
+        return detect_concurrency(client, base_url)
+
+
 def kind_problem(client: httpx.Client, target: Target, kind: str) -> str:
     """Send one one-token request of this kind; return the problem, empty when it answered."""
     base = target.base_url.rstrip("/")

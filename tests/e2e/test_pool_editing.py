@@ -64,6 +64,8 @@ def test_an_operator_adds_a_provider_target_and_removes_another(
     page.get_by_label("Model id").fill("gpt-4o-mini")
     page.get_by_label("Embeddings").uncheck()
     page.get_by_label("Priority").fill("3")
+    # A provider says nothing of its concurrency: the operator sets it.
+    page.get_by_label("Capacity weight").fill("16")
     page.get_by_label("API key").fill(PROVIDER_KEY)
     screenshot(page, "pools-target-add")
     page.get_by_role("button", name="Add target").click()
@@ -73,8 +75,8 @@ def test_an_operator_adds_a_provider_target_and_removes_another(
     expect(page.locator("#pool-live")).to_contain_text("key stored")
     assert PROVIDER_KEY not in page.content()
     added = committed(lambda: Target.objects.get(name="openai"))
-    assert (added.kinds, added.priority, added.get_credential()) == (
-        ["chat", "completions"], 3, PROVIDER_KEY,
+    assert (added.kinds, added.priority, added.capacity_weight, added.get_credential()) == (
+        ["chat", "completions"], 3, 16, PROVIDER_KEY,
     )  # fmt: skip
 
     page.get_by_role("link", name="Remove backup").click()

@@ -12,7 +12,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from pools import validation
-from pools.models import IdentityConfirmation
+from pools.models import IdentityConfirmation, Target
 from pools.validation import Identity, Severity
 from tests.nexus.factories import make_pool, make_target, make_user
 from tests.support.ports import free_port
@@ -166,3 +166,21 @@ def test_the_api_stores_a_confirmation(owner: APIClient) -> None:
     assert answer.status_code == 201
     assert [entry["name"] for entry in answer.json()["targets"]] == ["a"]
     assert IdentityConfirmation.objects.filter(pool=pool).count() == 1
+
+
+def test_a_target_added_without_a_capacity_takes_its_engines_concurrency(
+    engine: Simulator, operator: Client
+) -> None:
+    make_pool("chat", name="Chat")
+
+    response = operator.post(
+        "/pools/chat/targets/add/",
+        {"name": "sim", "base_url": engine.base_url, "model_id": "demo-8b", "kinds": ["chat"],
+         "priority": "1", "capacity_weight": ""},
+        follow=True,
+    )  # fmt: skip
+
+    assert Target.objects.get(name="sim").capacity_weight == 8
+    assert "sim added to Chat. Capacity 8: the simulator&#x27;s --concurrency" in (
+        response.content.decode()
+    )
