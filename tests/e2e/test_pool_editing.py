@@ -7,14 +7,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 from playwright.sync_api import Page, expect
 
+from nexus.models import ApiToken
 from pools.models import Pool, Target
 from tests.nexus.factories import make_pool, make_target, make_user
 from tests.support.browser import PASSWORD, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
+from tests.support.simulator import running_simulator
 
 pytestmark = pytest.mark.e2e
 
@@ -122,3 +125,22 @@ def test_an_operator_creates_a_pool_its_slug_checked_as_typed(
     assert committed(lambda: Pool.objects.get(slug="fresh").compatibility_mode) == (
         "equivalent_generation"
     )
+
+    # Its first target, a real engine whose capacity comes from its --concurrency; then the
+    # openai SDK calls the new pool through the gateway.
+    with running_simulator(model="demo-8b", ttft_ms=0, tpot_ms=0, concurrency=6) as engine:
+        page.get_by_role("link", name="Add target").click()
+        page.get_by_label("Name").fill("sim")
+        page.get_by_label("Base URL").fill(engine.base_url)
+        page.get_by_label("Model id").fill("demo-8b")
+        page.get_by_role("button", name="Add target").click()
+        expect(page.locator("#toasts")).to_contain_text(
+            "sim added to Fresh. Capacity 6: the simulator's --concurrency"
+        )
+        _, secret = committed(lambda: ApiToken.issue("sdk", pools=["fresh"]))
+        client = openai.OpenAI(base_url=f"{nexus.url}/v1", api_key=secret, max_retries=0)
+        answer = client.chat.completions.create(
+            model="@pool/fresh", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+        )
+    assert answer.choices[0].message.content
+    assert answer.model == "demo-8b"  # the engine's own answer, relayed as it came
