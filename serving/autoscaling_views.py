@@ -45,7 +45,7 @@ def rules_context(request: HttpRequest, service: Service) -> dict[str, Any]:
             kept[name] = request.GET[name]
     return {
         "service": service,
-        "sleep": sleep_state(service),
+        "sleep": scaling.sleep_state(service),
         "rules_page": page,
         "filters": {name: request.GET.get(name, "") for name in FILTERS},
         "filtered": bool(kept),
@@ -58,18 +58,6 @@ def rules_context(request: HttpRequest, service: Service) -> dict[str, Any]:
         else service.scale_to_zero_after_s,
         "idle_problem": "",
     }
-
-
-def sleep_state(service: Service) -> str:
-    """Say how a service that scales to zero stands: "asleep", "waking", "awake"; "" if it
-    does not scale to zero."""
-    if service.scale_to_zero_after_s is None:
-        return ""
-    if service.desired_replicas == 0:
-        return "asleep"
-    latest = service.scale_events.order_by("-created_at", "-id").first()
-    woke = latest is not None and latest.rule_id is None and latest.replicas_before == 0
-    return "waking" if woke and services.ready_replicas(service) == 0 else "awake"
 
 
 def events_context(service: Service) -> dict[str, Any]:
