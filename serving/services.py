@@ -59,6 +59,9 @@ LAUNCH_FIELDS = (*RESOLVED_FIELDS, "resource_group", "preset", "resource_slots")
 # The service's own settings: changing them makes no revision.
 SERVICE_FIELDS = ("desired_replicas", "open_to_public")
 FINISHED_ROUTES_SHOWN = 20
+# Live: a process that takes, or is about to take, requests; a failed route waiting for its
+# replacement is not, nor is one terminated. Deleting the service stops these.
+LIVE_ROUTE_STATES = (RouteState.PROVISIONING, RouteState.HEALTHY, RouteState.TERMINATING)
 M = TypeVar("M", bound=models.Model)
 
 
@@ -400,6 +403,35 @@ def in_tab(services: QuerySet[Service], tab: str) -> QuerySet[Service]:
     if tab == "destroyed":
         return services.filter(lifecycle=ServiceLifecycle.DESTROYED)
     return services.exclude(lifecycle=ServiceLifecycle.DESTROYED)
+
+
+# The list's property filter: what each property matches a value against (UI.md, "Layout").
+FILTER_PROPERTIES = {"name": "Name", "url": "Service URL", "owner": "Owner"}
+SERVICE_URL_NAME = re.compile(r"/serve/([^/?#]*)")
+
+
+def filtered(services: QuerySet[Service], prop: str, value: str) -> QuerySet[Service]:
+    """Return the services whose property contains the value (ignoring case); a URL value
+    matches by the service name it carries (`/serve/<name>/`), a whole URL or part of one."""
+    value = value.strip()
+    if not value or prop not in FILTER_PROPERTIES:
+        return services
+    if prop == "owner":
+        return services.filter(owner__username__icontains=value)
+    if prop == "url":
+        named = SERVICE_URL_NAME.search(value)
+        value = named.group(1) if named else value.strip("/")
+    return services.filter(name__icontains=value) if value else services
+
+
+def with_route_counts(services: QuerySet[Service]) -> QuerySet[Service]:
+    """Return the services annotated with `live_routes` and `finished_routes`: what deleting
+    one stops, and what its history keeps."""
+    live = Q(routes__state__in=LIVE_ROUTE_STATES)
+    return services.annotate(
+        live_routes=Count("routes", filter=live),
+        finished_routes=Count("routes", filter=Q(routes__isnull=False) & ~live),
+    )
 
 
 def shown_routes(service: Service, *, finished: bool = False) -> QuerySet[Route]:

@@ -28,6 +28,7 @@ from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from nexus.ui.format import count
 from serving import folder_sync, folders, services, tokens
+from serving import live as serving_live
 from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm, form_data_of
 from serving.launch import LaunchError, LaunchProblem
 from serving.models import ModelFolder, RouteState, Service, ServiceLifecycle
@@ -256,15 +257,29 @@ def check_launch(form: ServiceLaunchForm, owner: User | None) -> LaunchCheck:
 @require_GET
 @login_required
 def service_list(request: HttpRequest) -> HttpResponse:
-    """Render the services of a tab: active (the default) or destroyed."""
+    """Render the services of a tab, active (the default) or destroyed, filtered by a property
+    (name, service URL; owner for staff)."""
     tab = "destroyed" if request.GET.get("tab") == "destroyed" else "active"
-    visible = access.in_visible_projects(
-        request.user, Service.objects.select_related("latest_revision")
-    )
-    found = services.in_tab(services.with_ready_counts(visible), tab).order_by("name", "id")
-    rows = [{"service": s, "status": services.status_text(s)} for s in found]
-    context = {"section": SERVICES_SECTION, "tab": tab, "rows": rows}
-    return render(request, "serving/service_list.html", context)
+    properties = dict(services.FILTER_PROPERTIES)
+    if not request.user.is_staff:
+        # Others see only their projects' services, whose owners they need not know.
+        properties.pop("owner")
+    prop = request.GET.get("property", "name")
+    prop = prop if prop in properties else "name"
+    value = request.GET.get("value", "").strip()
+    visible = access.in_visible_projects(request.user, Service.objects.all())
+    found = services.filtered(services.in_tab(visible, tab), prop, value)
+    context = {
+        "section": SERVICES_SECTION,
+        "tab": tab,
+        "rows": serving_live.service_rows(serving_live.listed_services(found)),
+        "properties": properties,
+        "property": prop,
+        "property_label": properties[prop].lower(),
+        "value": value,
+        "can_manage": request.user.is_staff,
+    }
+    return render(request, serving_live.SERVICE_LIST, context)
 
 
 @require_http_methods(["GET", "POST"])
@@ -363,9 +378,7 @@ def service_context(service: Service, *, finished_routes: bool = False) -> dict[
     ]
     latest, running = service.latest_revision, service.running_revision
     updating = service.latest_revision_id != service.running_revision_id
-    # Live: a process that takes, or is about to take, requests; a failed route waiting for
-    # its replacement is not, nor is one terminated.
-    live = Q(state__in=(RouteState.PROVISIONING, RouteState.HEALTHY, RouteState.TERMINATING))
+    live = Q(state__in=services.LIVE_ROUTE_STATES)
     return {
         "section": SERVICES_SECTION,
         "service": service,
@@ -451,6 +464,8 @@ def service_delete(request: HttpRequest, name: str) -> HttpResponse:
             messages.error(request, str(refused))
         else:
             messages.success(request, f"Destroying {service.name}: its replicas are stopping.")
+        if request.GET.get("next") == "list":
+            return redirect("serving:service_list")
         return redirect("serving:service_detail", name=service.name)
     context = {**service_context(service)}
     return render(request, "serving/service_delete.html", context)

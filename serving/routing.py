@@ -1,0 +1,12 @@
+"""Websocket routes for the serving pages."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from serving.consumers import ServicesConsumer
+
+# Channels routes consumers with Django's path(); django-stubs types its view as a view only.
+websocket_urlpatterns = [
+    path("ws/serving/services/", ServicesConsumer.as_asgi()),  # type: ignore[arg-type]
+]
