@@ -10,6 +10,7 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from django.utils import timezone
 from django.utils.text import slugify
 
+from nodes.models import Node
 from nodes.runtimes import RUNTIMES, Parameter, Runtime
 from serving import services
 from serving.definitions.command_import import DEFAULT_MOUNT
@@ -48,6 +49,42 @@ class ModelFolderForm(forms.Form):
     )
     project = forms.CharField(max_length=100, initial="default")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+class NodeChoices(forms.ModelMultipleChoiceField):
+    """Nodes as checkboxes, each labelled with its trust and status."""
+
+    def label_from_instance(self, obj: Any) -> str:
+        return f"{obj.name} ({obj.get_trust_display().lower()}, {obj.get_status_display().lower()})"
+
+
+class ResourceGroupForm(forms.ModelForm):
+    """A resource group: its name (fixed once made), and every trusted node or a list."""
+
+    nodes = NodeChoices(
+        queryset=Node.objects.order_by("name"),
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Only trusted, online nodes take replicas; ignored with every node chosen.",
+    )
+
+    class Meta:
+        model = ResourceGroup
+        fields = ["name", "description", "all_nodes", "nodes"]
+        labels = {"all_nodes": "Every node"}
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            # Revisions name their group; renaming it would rewrite where they ran.
+            self.fields["name"].disabled = True
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if not cleaned.get("all_nodes") and not cleaned.get("nodes"):
+            self.add_error("nodes", "Choose the nodes, or every node.")
+        return cleaned
 
 
 class ServiceLaunchForm(forms.Form):

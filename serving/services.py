@@ -373,6 +373,44 @@ def _renew_from_files(service: Service, latest: Revision, actor: User | None) ->
     service.refresh_from_db()
 
 
+# Resource groups
+
+
+class GroupRefused(Exception):
+    """The resource group cannot be deleted; the message says why."""
+
+
+def group_in_use_reason(group: ResourceGroup) -> str:
+    """Say why the group cannot be deleted: it is the default, or revisions name it; "" when
+    it can. A destroyed service's revisions count too: they keep where they ran."""
+    if group.name == DEFAULT_GROUP:
+        return f"The resource group {group.name} is where services go unless told otherwise."
+    using = sorted(
+        Service.objects.filter(revisions__resource_group=group)
+        .values_list("name", flat=True)
+        .distinct()
+    )
+    if not using:
+        return ""
+    several = len(using) > 1
+    return (
+        f"The resource group {group.name} is used by the service{'s' if several else ''} "
+        f"{', '.join(using)} (destroyed ones included: their revisions keep where they ran)."
+    )
+
+
+def delete_resource_group(group: ResourceGroup) -> None:
+    """Delete the group; refused while it is the default or a revision names it."""
+    reason = group_in_use_reason(group)
+    if reason:
+        raise GroupRefused(reason)
+    try:
+        group.delete()
+    except models.ProtectedError as protected:
+        # A revision made since the check: refused as the check would refuse it now.
+        raise GroupRefused(group_in_use_reason(group)) from protected
+
+
 # Reading a service's state
 
 

@@ -16,6 +16,13 @@ urlpatterns = [
     path("models/<str:name>/files/<path:path>", views.model_file, name="model_file"),
     # Agents fetch model folders here with a signed token (serving.folder_sync); no session.
     path("folder-sync/<str:token>/<path:path>", views.folder_sync_file, name="folder_sync_file"),
+    path("resource-groups/", views.resource_group_list, name="resource_group_list"),
+    path("resource-groups/<slug:name>/", views.resource_group_edit, name="resource_group_edit"),
+    path(
+        "resource-groups/<slug:name>/delete/",
+        views.resource_group_delete,
+        name="resource_group_delete",
+    ),
     path("services/", views.service_list, name="service_list"),
     # Before <slug:name>: "new", "check" and "fields" are never service pages.
     path("services/new/", views.service_new, name="service_new"),

@@ -29,9 +29,15 @@ from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from nexus.ui.format import count
 from serving import folder_sync, folders, services, tokens
 from serving import live as serving_live
-from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm, form_data_of
+from serving.forms import (
+    ModelFolderForm,
+    ResourceGroupForm,
+    ServiceLaunchForm,
+    ServiceTokenForm,
+    form_data_of,
+)
 from serving.launch import LaunchError, LaunchProblem
-from serving.models import ModelFolder, RouteState, Service, ServiceLifecycle
+from serving.models import ModelFolder, ResourceGroup, RouteState, Service, ServiceLifecycle
 
 FOLDER_LIST = "serving/model_folder_list.html"
 FOLDERS_SECTION = f"{FOLDER_LIST}#model-folders"
@@ -523,3 +529,83 @@ def service_token_revoke(request: HttpRequest, name: str, token_id: int) -> Http
     tokens.revoke_service_token(token)
     messages.success(request, f"Revoked token {token.name}.")
     return redirect("serving:service_detail", name=service.name)
+
+
+# Resource groups
+
+GROUP_LIST = "serving/resource_group_list.html"
+GROUPS_SECTION = "resource_groups"
+
+
+def group_rows() -> list[dict[str, Any]]:
+    """Return every resource group with its nodes and how many services (not destroyed) run
+    their latest revision in it."""
+    running = dict(
+        Service.objects.exclude(lifecycle=ServiceLifecycle.DESTROYED)
+        .values_list("latest_revision__resource_group")
+        .annotate(services=Count("id"))
+        .values_list("latest_revision__resource_group", "services")
+    )
+    return [
+        {"group": group, "nodes": list(group.nodes.all()), "services": running.get(group.pk, 0)}
+        for group in ResourceGroup.objects.prefetch_related("nodes")
+    ]
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def resource_group_list(request: HttpRequest) -> HttpResponse:
+    """Render the resource groups with a form to create one; create it on POST."""
+    form = ResourceGroupForm()
+    if request.method == "POST":
+        require_staff(request, "change resource groups")
+        form = ResourceGroupForm(request.POST)
+        if form.is_valid():
+            group = form.save()
+            messages.success(request, f"Created resource group {group.name}.")
+            return redirect("serving:resource_group_list")
+    context = {"section": GROUPS_SECTION, "rows": group_rows(), "form": form}
+    return render(request, GROUP_LIST, context, status=400 if form.errors else 200)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def resource_group_edit(request: HttpRequest, name: str) -> HttpResponse:
+    """Render a resource group's form; save which nodes it spans on POST."""
+    group = get_object_or_404(ResourceGroup, name=name)
+    require_staff(request, "change resource groups")
+    form = ResourceGroupForm(request.POST or None, instance=group)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, f"Saved resource group {group.name}.")
+        return redirect("serving:resource_group_list")
+    context = {
+        "section": GROUPS_SECTION,
+        "group": group,
+        "form": form,
+        "in_use": services.group_in_use_reason(group),
+    }
+    status = 400 if form.errors else 200
+    return render(request, "serving/resource_group_edit.html", context, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def resource_group_delete(request: HttpRequest, name: str) -> HttpResponse:
+    """Ask to confirm deleting a resource group; delete it on POST, unless a revision names it."""
+    group = get_object_or_404(ResourceGroup, name=name)
+    require_staff(request, "change resource groups")
+    if request.method == "GET":
+        context = {
+            "section": GROUPS_SECTION,
+            "group": group,
+            "in_use": services.group_in_use_reason(group),
+        }
+        return render(request, "serving/resource_group_delete.html", context)
+    try:
+        services.delete_resource_group(group)
+    except services.GroupRefused as refused:
+        messages.error(request, str(refused))
+        return redirect("serving:resource_group_edit", name=group.name)
+    messages.success(request, f"Deleted resource group {name}.")
+    return redirect("serving:resource_group_list")

@@ -411,17 +411,23 @@ class ServiceViewSet(
         return Response(RouteSerializer(cleared).data)
 
 
-class ResourceGroupViewSet(
-    mixins.CreateModelMixin,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    viewsets.GenericViewSet,
-):
-    """Resource groups: the nodes a service's replicas may be placed on."""
+@extend_schema_view(destroy=extend_schema(responses={204: None, 409: OpenApiTypes.OBJECT}))
+class ResourceGroupViewSet(viewsets.ModelViewSet):
+    """Resource groups: the nodes a service's replicas may be placed on.
+
+    Deleting one is refused (409) while it is the default group or any revision names it.
+    """
 
     queryset = ResourceGroup.objects.prefetch_related("nodes")
     serializer_class = ResourceGroupSerializer
     lookup_field = "name"
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            services.delete_resource_group(self.get_object())
+        except services.GroupRefused as refused:
+            return Response({"detail": str(refused)}, status=status.HTTP_409_CONFLICT)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ResourcePresetViewSet(

@@ -184,6 +184,10 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
     ("resource-group-list", "get"): (None, fleet_reads()),
     ("resource-group-list", "post"): ({"name": "rg2"}, fleet_writes(201)),
     ("resource-group-detail", "get"): (None, fleet_reads()),
+    ("resource-group-detail", "patch"): ({"description": "spare"}, fleet_writes(200)),
+    ("resource-group-detail", "put"): ({"name": "rg", "all_nodes": True}, fleet_writes(200)),
+    # No revision names "rg": it can go.
+    ("resource-group-detail", "delete"): (None, fleet_writes(204)),
     ("resource-preset-list", "get"): (None, fleet_reads()),
     ("resource-preset-list", "post"): ({"name": "large"}, fleet_writes(201)),
     ("resource-preset-detail", "get"): (None, fleet_reads()),
