@@ -7,6 +7,7 @@ from typing import Any
 from nexus import access, live
 from nexus.consumers import LiveConsumer
 from serving import live as serving_live
+from serving.models import Service
 
 
 class ServicesConsumer(LiveConsumer):
@@ -21,3 +22,16 @@ class ServicesConsumer(LiveConsumer):
 
     def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         return serving_live.current_rows()
+
+
+class ServiceConsumer(LiveConsumer):
+    """Forward a service page's re-rendered cards to those who see the service's project."""
+
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        service = Service.objects.filter(pk=url["pk"]).values_list("project", flat=True).first()
+        if service is None or not access.sees_named_project(user, service):
+            return None
+        return serving_live.service_topic(url["pk"])
+
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
+        return serving_live.service_cards(url["pk"], audience)

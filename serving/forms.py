@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any, cast
 
 from django import forms
@@ -29,6 +29,7 @@ from serving.scheduler import slots_text
 
 # A service token always expires (DESIGN.md); ten years is the longest the form offers.
 MAX_TOKEN_DAYS = 3650
+DEFAULT_TOKEN_DAYS = 30
 CUSTOM_MODES = [
     ("command", "a command line"),
     ("definition", "the folder's model definition"),
@@ -433,13 +434,35 @@ def env_field(name: str) -> str:
 
 
 class ServiceTokenForm(forms.Form):
-    """A new service token: what it is for and how long it works."""
+    """A new service token: what it is for and the last day it works (the reference asks for
+    an expiry date)."""
 
     name = forms.CharField(max_length=100, help_text="What or who uses it, e.g. chat-app.")
-    valid_days = forms.IntegerField(
-        label="Valid for (days)", min_value=1, max_value=MAX_TOKEN_DAYS, initial=30
+    expires_on = forms.DateField(
+        label="Valid until",
+        widget=forms.DateInput(attrs={"type": "date"}),
+        help_text="It works through the end of this day (UTC).",
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        today = timezone.localdate()
+        self.fields["expires_on"].initial = today + timedelta(days=DEFAULT_TOKEN_DAYS)
+        self.fields["expires_on"].widget.attrs.update(
+            min=(today + timedelta(days=1)).isoformat(),
+            max=(today + timedelta(days=MAX_TOKEN_DAYS)).isoformat(),
+        )
+
+    def clean_expires_on(self) -> date:
+        chosen: date = self.cleaned_data["expires_on"]
+        today = timezone.localdate()
+        if chosen <= today:
+            raise forms.ValidationError("Choose a day after today.")
+        if chosen > today + timedelta(days=MAX_TOKEN_DAYS):
+            raise forms.ValidationError(f"Choose a day within {MAX_TOKEN_DAYS} days.")
+        return chosen
+
     def expires_at(self) -> datetime:
-        """Return when the token stops working."""
-        return timezone.now() + timedelta(days=self.cleaned_data["valid_days"])
+        """Return when the token stops working: the start of the day after the chosen one."""
+        following = self.cleaned_data["expires_on"] + timedelta(days=1)
+        return timezone.make_aware(datetime.combine(following, time.min))

@@ -1,36 +1,44 @@
-"""What serving pushes to the open services list (nexus.live has the pattern).
+"""What serving pushes to the open services list and service pages (nexus.live has the
+pattern), and what those pages show.
 
-A row is rendered once, as staff see it (with its owner and controls), and pushed to staff's
+A list row is rendered once, as staff see it (with its owner and controls), and pushed to staff's
 list pages only: everyone else's list holds only their projects' services, so their pages open no
-socket, as the pools page does. The reconciler and the health checks call `service_changed` after
-each tick; a row is pushed only when it reads differently from the one this process pushed last,
-so an idle service costs one render per tick and no frame.
+socket, as the pools page does. A service page's cards are rendered once per audience and pushed
+to the service's topic, which only those who see the service's project may join. The reconciler
+and the health checks call `service_changed` after each tick; a fragment is pushed only when it
+reads differently from the one this process pushed last, so an idle service costs a render per
+tick and no frame.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from nexus import live
-from serving import services
-from serving.models import Service, ServiceLifecycle
+from serving import services, tokens
+from serving.forms import ServiceTokenForm
+from serving.models import Route, RouteState, Service, ServiceLifecycle
 
 SERVICE_LIST = "serving/service_list.html"
 SERVICE_ROW = f"{SERVICE_LIST}#service-row"
+SERVICE_DETAIL = "serving/service_detail.html"
+SERVICE_LIVE = f"{SERVICE_DETAIL}#service-live"
 SERVICES_TOPIC = "services"
 # The only audience the services list is pushed to (see the module's docstring).
 STAFF: live.Audience = "manage"
 # A page that reconnects catches up on the services that can still change, and on those
 # destroyed lately, whose row may still read "destroying" there.
 CATCH_UP_DESTROYED = timedelta(hours=1)
-# Rows remembered per process to skip unchanged pushes; past this, the memory starts over.
-REMEMBERED_ROWS = 2000
+# Pushes remembered per process to skip unchanged ones; past this, the memory starts over.
+REMEMBERED_PUSHES = 2000
 
-_last_pushed: dict[int, str] = {}
+_last_pushed: dict[tuple[str, int], str] = {}
 
 
 def listed_services(found: QuerySet[Service]) -> QuerySet[Service]:
@@ -53,6 +61,71 @@ def service_rows(found: QuerySet[Service]) -> list[dict[str, Any]]:
     ]
 
 
+def route_rows(routes: Iterable[Route]) -> list[dict[str, Any]]:
+    """Return the routes card's rows: each route with its traffic and its errors as raw JSON."""
+    rows = []
+    for route in routes:
+        traffic = services.route_traffic(route)
+        rows.append(
+            {
+                "route": route,
+                "traffic": traffic,
+                "traffic_text": services.ROUTE_TRAFFIC[traffic],
+                "last_error": route.errors[-1]["message"] if route.errors else "",
+                "errors_json": json.dumps(route.errors, indent=2),
+            }
+        )
+    return rows
+
+
+def service_context(
+    service: Service, audience: live.Audience, *, finished_routes: bool = False
+) -> dict[str, Any]:
+    """Return what the service page and its live cards show, as one audience sees them; the
+    routes card shows the running routes, or the finished ones when `finished_routes`."""
+    issued_tokens = [
+        {"token": token, "state": tokens.token_status(token)}
+        for token in tokens.service_tokens(service)
+    ]
+    latest, running = service.latest_revision, service.running_revision
+    updating = service.latest_revision_id != service.running_revision_id
+    live_routes = Q(state__in=services.LIVE_ROUTE_STATES)
+    running_routes = route_rows(services.shown_routes(service))
+    finished_route_rows = route_rows(services.shown_routes(service, finished=True))
+    env = latest.spec.get("env", {}) if latest is not None else {}
+    return {
+        "section": "services",
+        "service": service,
+        "can_manage": audience == "manage",
+        "status": services.status_text(service),
+        "ready": services.ready_replicas(service),
+        # What deleting it stops, and what its history keeps.
+        "route_counts": service.routes.aggregate(
+            live=Count("id", filter=live_routes), finished=Count("id", filter=~live_routes)
+        ),
+        "latest": latest,
+        "running": running,
+        "updating": updating,
+        # Side by side while they differ (the running one is None before the first rollout).
+        "compared_revisions": [latest, running] if updating and running else [latest],
+        "current_revision": [running],
+        "env_text": "\n".join(f"{name}={value}" for name, value in env.items()),
+        "routes": finished_route_rows if finished_routes else running_routes,
+        "running_routes": running_routes,
+        "finished_route_rows": finished_route_rows,
+        "finished_routes": finished_routes,
+        "running_count": len(running_routes),
+        "finished_count": service.routes.filter(state=RouteState.TERMINATED).count(),
+        "finished_shown": services.FINISHED_ROUTES_SHOWN,
+        "health_choices": RouteState.choices,
+        "traffic_choices": list(services.ROUTE_TRAFFIC.items()),
+        "revisions": service.revisions.select_related("created_by").order_by("-number"),
+        "tokens": issued_tokens,
+        "token_form": ServiceTokenForm(),
+        "alive": service.lifecycle == ServiceLifecycle.ACTIVE,
+    }
+
+
 def rendered_rows(found: Q) -> str:
     """Return the rows of the services matching `found`, as staff see them, for a push."""
     return "".join(
@@ -67,12 +140,36 @@ def current_rows() -> str:
     return rendered_rows(~Q(lifecycle=ServiceLifecycle.DESTROYED) | Q(destroyed_at__gte=recently))
 
 
+def service_topic(service_id: int) -> str:
+    """Return the live topic of one service's open pages."""
+    return f"service-{service_id}"
+
+
+def service_cards(service_id: int, audience: live.Audience) -> str:
+    """Return the service page's live cards as the audience sees them now, for a push."""
+    service = services.find_by_pk(service_id)
+    if service is None:
+        return ""
+    return live.fragment(SERVICE_LIVE, service_context(service, audience))
+
+
 def service_changed(service_id: int) -> None:
-    """Push the service's row to staff's open list pages, if it reads differently now."""
-    html = rendered_rows(Q(pk=service_id))
-    if not html or _last_pushed.get(service_id) == html:
-        return
-    if len(_last_pushed) >= REMEMBERED_ROWS:
+    """Push the service's row to staff's open list pages and its cards to its open pages,
+    each only if it reads differently from the one this process pushed last."""
+    row = rendered_rows(Q(pk=service_id))
+    if row and _changed(("row", service_id), row):
+        live.push(SERVICES_TOPIC, f"service-{service_id}", row, audience=STAFF)
+    for audience in live.AUDIENCES:
+        cards = service_cards(service_id, audience)
+        if cards and _changed((audience, service_id), cards):
+            live.push(service_topic(service_id), "cards", cards, audience=audience)
+
+
+def _changed(key: tuple[str, int], html: str) -> bool:
+    """Remember what is pushed under the key; say whether it differs from the last push."""
+    if _last_pushed.get(key) == html:
+        return False
+    if len(_last_pushed) >= REMEMBERED_PUSHES:
         _last_pushed.clear()
-    _last_pushed[service_id] = html
-    live.push(SERVICES_TOPIC, f"service-{service_id}", html, audience=STAFF)
+    _last_pushed[key] = html
+    return True

@@ -664,3 +664,21 @@ def clear_errors_and_retry(route: Route) -> Route:
     for name, value in fields.items():
         setattr(route, name, value)
     return route
+
+
+# Lines of a replica's output the route drawer shows.
+LOG_TAIL_LINES = 100
+
+
+def log_tail(route: Route) -> str:
+    """Return the last lines of the route's process output, or why there are none: read from
+    its node's agent while it runs, else the tail kept with its latest error."""
+    if route.node is not None and route.process_id:
+        try:
+            with route.node.client() as agent:
+                return agent.process_log(route.process_id, tail=LOG_TAIL_LINES)
+        except (AgentUnreachable, AgentRefused) as error:
+            kept = route.errors[-1].get("log_tail", "") if route.errors else ""
+            return kept or f"(the log cannot be read now: {error})"
+    kept = route.errors[-1].get("log_tail", "") if route.errors else ""
+    return kept or "(no process yet)"

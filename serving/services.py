@@ -472,6 +472,23 @@ def with_route_counts(services: QuerySet[Service]) -> QuerySet[Service]:
     )
 
 
+# What a route does with requests: (value, words), the routes card's Traffic column and filter.
+ROUTE_TRAFFIC = {
+    "taking": "Taking requests",
+    "fallback": "Only when the others are full",
+    "draining": "Draining",
+    "none": "None",
+}
+
+
+def route_traffic(route: Route) -> str:
+    """Return what the route does with requests now, a key of ROUTE_TRAFFIC."""
+    if route.state == RouteState.HEALTHY:
+        # A degraded route is ranked below every healthy one (DESIGN.md, Health).
+        return "fallback" if route.degraded else "taking"
+    return "draining" if route.state == RouteState.TERMINATING else "none"
+
+
 def shown_routes(service: Service, *, finished: bool = False) -> QuerySet[Route]:
     """Return the running routes (every one not terminated), oldest first; or the finished
     ones, newest first and at most FINISHED_ROUTES_SHOWN (a restart loop leaves hundreds)."""
@@ -481,9 +498,13 @@ def shown_routes(service: Service, *, finished: bool = False) -> QuerySet[Route]
     return routes.filter(state=RouteState.TERMINATED).order_by("-id")[:FINISHED_ROUTES_SHOWN]
 
 
-def find_service(name: str) -> Service | None:
-    """Return the service of that name: the live one, else the latest destroyed one."""
-    named = Service.objects.filter(name=name).select_related(
+def find_by_pk(service_id: int) -> Service | None:
+    """Return the service with what its page shows, or None when it is gone."""
+    return _for_page(Service.objects.filter(pk=service_id)).first()
+
+
+def _for_page(found: QuerySet[Service]) -> QuerySet[Service]:
+    return found.select_related(
         "owner",
         *(
             f"{revision}__{related}"
@@ -491,6 +512,11 @@ def find_service(name: str) -> Service | None:
             for related in ("model_folder", "resource_group", "preset")
         ),
     )
+
+
+def find_service(name: str) -> Service | None:
+    """Return the service of that name: the live one, else the latest destroyed one."""
+    named = _for_page(Service.objects.filter(name=name))
     alive = named.exclude(lifecycle=ServiceLifecycle.DESTROYED).first()
     return alive or named.order_by("-created_at", "-id").first()
 

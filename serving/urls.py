@@ -39,6 +39,11 @@ urlpatterns = [
         name="service_token_revoke",
     ),
     path(
+        "services/<slug:name>/routes/<int:route_id>/",
+        views.route_detail,
+        name="route_detail",
+    ),
+    path(
         "services/<slug:name>/routes/<int:route_id>/clear-errors/",
         views.route_clear_errors,
         name="route_clear_errors",

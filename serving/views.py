@@ -9,7 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -23,11 +23,11 @@ from django.template.defaultfilters import filesizeformat
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from nexus import access
+from nexus import access, live
 from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from nexus.ui.format import count
-from serving import folder_sync, folders, services, tokens
+from serving import folder_sync, folders, replicas, services, tokens
 from serving import live as serving_live
 from serving.forms import (
     ModelFolderForm,
@@ -37,7 +37,12 @@ from serving.forms import (
     form_data_of,
 )
 from serving.launch import LaunchError, LaunchProblem
-from serving.models import ModelFolder, ResourceGroup, RouteState, Service, ServiceLifecycle
+from serving.models import (
+    ModelFolder,
+    ResourceGroup,
+    Service,
+    ServiceLifecycle,
+)
 
 FOLDER_LIST = "serving/model_folder_list.html"
 FOLDERS_SECTION = f"{FOLDER_LIST}#model-folders"
@@ -48,7 +53,6 @@ SERVICES_SECTION = "services"
 SERVICE_NEW = "serving/service_new.html"
 LAUNCH_CHECK = f"{SERVICE_NEW}#launch-check"
 VARIANT_FIELDS = f"{SERVICE_NEW}#variant-fields"
-SERVICE_STATUS = "serving/service_detail.html#service-status"
 
 
 def files_context(folder: ModelFolder) -> dict[str, Any]:
@@ -375,50 +379,31 @@ def service_or_404(request: HttpRequest, name: str) -> Service:
     return service
 
 
-def service_context(service: Service, *, finished_routes: bool = False) -> dict[str, Any]:
-    """Return what the service page and its live status section show; the routes card lists
-    the running routes, or the finished ones when `finished_routes`."""
-    issued_tokens = [
-        {"token": token, "state": tokens.token_status(token)}
-        for token in tokens.service_tokens(service)
-    ]
-    latest, running = service.latest_revision, service.running_revision
-    updating = service.latest_revision_id != service.running_revision_id
-    live = Q(state__in=services.LIVE_ROUTE_STATES)
-    return {
-        "section": SERVICES_SECTION,
-        "service": service,
-        "status": services.status_text(service),
-        "ready": services.ready_replicas(service),
-        # What deleting it stops, and what its history keeps.
-        "route_counts": service.routes.aggregate(
-            live=Count("id", filter=live), finished=Count("id", filter=~live)
-        ),
-        "latest": latest,
-        "running": running,
-        "updating": updating,
-        # Side by side while they differ (the running one is None before the first rollout).
-        "compared_revisions": [latest, running] if updating and running else [latest],
-        "routes": services.shown_routes(service, finished=finished_routes),
-        "finished_routes": finished_routes,
-        "finished_count": service.routes.filter(state=RouteState.TERMINATED).count(),
-        "finished_shown": services.FINISHED_ROUTES_SHOWN,
-        "revisions": service.revisions.order_by("-number"),
-        "tokens": issued_tokens,
-        "token_form": ServiceTokenForm(),
-        "alive": service.lifecycle == ServiceLifecycle.ACTIVE,
-    }
+@require_GET
+@login_required
+def service_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """Render a service; its live cards then arrive over /ws/serving/services/<pk>/."""
+    service = service_or_404(request, name)
+    finished = request.GET.get("routes") == "finished"
+    audience = live.audience_of(request.user)
+    context = serving_live.service_context(service, audience, finished_routes=finished)
+    context["issued"] = take_issued(request, service)
+    return render(request, serving_live.SERVICE_DETAIL, context)
 
 
 @require_GET
 @login_required
-def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    """Render a service, or only its live status section for an htmx request."""
+def route_detail(request: HttpRequest, name: str, route_id: int) -> HttpResponse:
+    """Render a route's drawer: where it runs, its probes, its errors and its log's tail."""
     service = service_or_404(request, name)
-    context = service_context(service, finished_routes=request.GET.get("routes") == "finished")
-    if not request.htmx:
-        context["issued"] = take_issued(request, service)
-    return render_page_or_fragment(request, "serving/service_detail.html", SERVICE_STATUS, context)
+    route = get_object_or_404(service.routes.select_related("node", "revision"), pk=route_id)
+    context = {
+        "service": service,
+        "route": route,
+        "row": serving_live.route_rows([route])[0],
+        "log": replicas.log_tail(route),
+    }
+    return render(request, "serving/route_detail.html", context)
 
 
 @require_POST
@@ -473,7 +458,7 @@ def service_delete(request: HttpRequest, name: str) -> HttpResponse:
         if request.GET.get("next") == "list":
             return redirect("serving:service_list")
         return redirect("serving:service_detail", name=service.name)
-    context = {**service_context(service)}
+    context = serving_live.service_context(service, live.audience_of(request.user))
     return render(request, "serving/service_delete.html", context)
 
 
