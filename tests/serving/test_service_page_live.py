@@ -59,7 +59,7 @@ async def test_a_teammate_gets_the_cards_on_connect_and_then_a_change(
         )
         await sync_to_async(serving_live.service_changed)(service.pk)
         pushed = await socket.receive_from(timeout=5)
-        assert "<strong>Ready.</strong> 1 of 2 replicas ready" in pushed
+        assert "<strong>Ready, degraded.</strong> 1 of 2 replicas ready" in pushed
     finally:
         await socket.disconnect()
 

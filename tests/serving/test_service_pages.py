@@ -581,7 +581,7 @@ def test_update_makes_the_next_revision_only_when_the_launch_changes(staff: Clie
     service.refresh_from_db()
     assert service.latest_revision.number == 2
     assert service.latest_revision.environ == {"VLLM_TP_SIZE": "4"}
-    assert "The next revision is being applied" in text(changed)
+    assert "Revision 2 is rolling out: its first replicas are starting." in text(changed)
 
 
 def test_staff_clear_a_routes_errors(staff: Client) -> None:
