@@ -54,7 +54,11 @@ def service_rows(found: QuerySet[Service]) -> list[dict[str, Any]]:
         {
             "service": service,
             "status": services.status_text(service),
-            "route_counts": {"live": service.live_routes, "finished": service.finished_routes},
+            # Annotated by services.with_route_counts.
+            "route_counts": {
+                "live": getattr(service, "live_routes", 0),
+                "finished": getattr(service, "finished_routes", 0),
+            },
             "dialog": f"delete-service-{service.pk}",
         }
         for service in found

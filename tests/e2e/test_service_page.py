@@ -139,4 +139,4 @@ def test_generate_copy_and_revoke_a_token_and_see_the_route_and_live_changes(
     expect(page.locator("#routes-running tbody tr")).to_have_count(2)
     page.get_by_label("Traffic").select_option("taking")
     expect(page.locator("#routes-running tbody tr:visible")).to_have_count(1)
-    screenshot(page, "serving-service-ready")
+    screenshot(page, "serving-service-filtered-routes")
