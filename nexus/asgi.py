@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
@@ -15,6 +16,7 @@ django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from daphne.server import Server  # noqa: E402
 
 from nexus import graceful, upload_guard  # noqa: E402
 from nexus.routing import websocket_urlpatterns  # noqa: E402
@@ -22,7 +24,17 @@ from nexus.websockets import SameOriginOnly  # noqa: E402
 from pools.gateway import limits  # noqa: E402
 from pools.gateway.app import Gateway, Receive, Send  # noqa: E402
 
+
+def silence_daphne_access_log() -> None:
+    """Stop daphne's access log at its source unless NEXUS_ACCESS_LOG asks for it: its command
+    line writes a line per request to stdout, and silencing a logger does not stop that."""
+    if settings.NEXUS_ACCESS_LOG:
+        return
+    Server.log_action = lambda self, protocol, action, details: None
+
+
 gateway = Gateway()
+silence_daphne_access_log()
 # A body larger than any upload is refused before it is read: Django would read it all first.
 guarded_django_app = upload_guard.guard(django_app)
 upload_guard.install_in_daphne()

@@ -233,10 +233,12 @@ NEXUS_MAX_BODY_BYTES = env_int("NEXUS_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum
 # On SIGTERM/SIGINT, how long requests and streams in flight may go on before they are ended.
 NEXUS_SHUTDOWN_GRACE_S = env_float("NEXUS_SHUTDOWN_GRACE_S", 30.0, minimum=0.0)
 # Every request (docs/reliability.md): the request target (path and query), the header lines
-# together, and how long the headers may take to arrive (slowloris).
+# together, how long the headers may take to arrive (slowloris), and how long a body may go
+# without a byte while it is being read (a trickled body; nginx's client_body_timeout).
 NEXUS_MAX_URL_BYTES = env_int("NEXUS_MAX_URL_BYTES", 8192, minimum=256)
 NEXUS_MAX_HEADER_BYTES = env_int("NEXUS_MAX_HEADER_BYTES", 32768, minimum=1024)
 NEXUS_HEADER_TIMEOUT_S = env_float("NEXUS_HEADER_TIMEOUT_S", 10.0, minimum=0.1)
+NEXUS_BODY_TIMEOUT_S = env_float("NEXUS_BODY_TIMEOUT_S", 60.0, minimum=0.1)
 # Model folders: the largest file one upload may write (bytes); larger ones get 413.
 NEXUS_MAX_UPLOAD_BYTES = env_int("NEXUS_MAX_UPLOAD_BYTES", 1 << 30, minimum=1)
 NEXUS_UPSTREAM_CONNECT_TIMEOUT_S = env_int("NEXUS_UPSTREAM_CONNECT_TIMEOUT_S", 5, minimum=1)
@@ -251,6 +253,9 @@ NEXUS_LEDGER_LEASE_TTL_S = env_int("NEXUS_LEDGER_LEASE_TTL_S", 60, minimum=3)
 # /metrics names every pool and target: staff sessions and staff's admin tokens read it (what
 # Prometheus scrapes with, docs/access.md); true: anyone (a scraper on a private network).
 NEXUS_METRICS_PUBLIC = env_bool("NEXUS_METRICS_PUBLIC", False)
+# A line per request from the web server (daphne); off by default: the history already records
+# every gateway request, and the line costs CPU on the hot path.
+NEXUS_ACCESS_LOG = env_bool("NEXUS_ACCESS_LOG", False)
 
 NEXUS_LOG_LEVEL = env_str("NEXUS_LOG_LEVEL", "INFO")
 LOGGING = {

@@ -186,6 +186,14 @@ def headers_too_slow(limit_s: float) -> GatewayError:
     )
 
 
+def body_too_slow(limit_s: float) -> GatewayError:
+    return GatewayError(
+        408,
+        f"No byte of the request body arrived for {limit_s:g} s (NEXUS_BODY_TIMEOUT_S).",
+        code="request_timeout",
+    )
+
+
 def internal_error() -> GatewayError:
     return GatewayError(
         500,

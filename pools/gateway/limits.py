@@ -10,9 +10,10 @@ Two servers run the ASGI application and they differ in what reaches it (docs/re
   its request parsing so that the answer comes from the headers: 414/431 as JSON, 408 when the
   headers take longer than NEXUS_HEADER_TIMEOUT_S, and for /v1 and /serve a refusal by the
   gateway (401/403/404/405/413) before a byte of the body is kept; a body it accepts is held in
-  memory up to NEXUS_MAX_BODY_BYTES and refused with 413 the moment it passes that.
-- uvicorn has no header timeout at all: `install_in_uvicorn()` adds one to its httptools
-  protocol (the documented one), with the same 408.
+  memory up to NEXUS_MAX_BODY_BYTES and refused with 413 the moment it passes that; a body
+  that stops arriving for NEXUS_BODY_TIMEOUT_S gets 408.
+- uvicorn has no header or body timeout at all: `install_in_uvicorn()` adds both to its
+  protocols (httptools, the documented one, and h11), with the same 408s.
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def install_in_daphne(gateway: Refusals) -> None:
     url_limit: int = settings.NEXUS_MAX_URL_BYTES
     header_limit: int = settings.NEXUS_MAX_HEADER_BYTES
     header_timeout_s: float = settings.NEXUS_HEADER_TIMEOUT_S
+    body_timeout_s: float = settings.NEXUS_BODY_TIMEOUT_S
     body_limit: int = settings.NEXUS_MAX_BODY_BYTES
     # Twisted's own limits, raised so that ours, which answer, always come first.
     HTTPChannel.MAX_LENGTH = max(url_limit + REQUEST_LINE_SLACK, header_limit) + 1
@@ -169,10 +171,21 @@ def install_in_daphne(gateway: Refusals) -> None:
     request_done = HTTPChannel.requestDone
     connection_lost = HTTPChannel.connectionLost
     data_received = HTTPChannel.dataReceived
+    timeout_connection = HTTPChannel.timeoutConnection
 
     def on_connection_made(channel: Any) -> None:
+        # Twisted's idle timeout (reset by every read, off while a request is handled) is the
+        # body timeout: the header timer is the one that runs before the body.
+        channel.timeOut = body_timeout_s
         connection_made(channel)
         arm_header_timer(channel)
+
+    def on_timeout_connection(channel: Any) -> None:
+        in_body = channel.requests and not channel.line_mode and not channel._handlingRequest
+        if in_body:
+            refuse(channel, errors.body_too_slow(body_timeout_s))
+        else:
+            timeout_connection(channel)
 
     def on_data_received(channel: Any, data: bytes) -> None:
         if getattr(channel, "_nexus_refused", False):
@@ -219,6 +232,7 @@ def install_in_daphne(gateway: Refusals) -> None:
     HTTPChannel.allHeadersReceived = on_all_headers_received  # type: ignore[method-assign]
     HTTPChannel.requestDone = on_request_done  # type: ignore[method-assign]
     HTTPChannel.connectionLost = on_connection_lost  # type: ignore[method-assign]
+    HTTPChannel.timeoutConnection = on_timeout_connection  # type: ignore[method-assign]
 
     got_length = WebRequest.gotLength
     process = WebRequest.process
@@ -257,62 +271,179 @@ def install_in_daphne(gateway: Refusals) -> None:
 
 
 def install_in_uvicorn() -> None:
-    """Give uvicorn's httptools protocol a header timeout: it has none (slowloris).
+    """Give uvicorn's HTTP protocols (httptools and h11) a header and a body timeout.
 
-    The timer starts with the connection and with each request's first byte, and stops when
-    the headers are complete; when it fires, the client hears 408 (or, idle before any byte of
-    a request, nothing) and the connection is closed. Patched in place: uvicorn resolves the
-    protocol class before it imports the application, so a replaced class would go unused.
+    uvicorn has neither (slowloris; a body trickled a byte at a time). The header timer starts
+    with the connection and with each request's first byte, and stops when the headers are
+    complete; when it fires, the client hears 408 (or, idle before any byte of a request,
+    nothing) and the connection is closed. The body timer runs only while a body is still
+    arriving after a read left it incomplete (a body that comes with its headers costs no
+    timer), and fires after NEXUS_BODY_TIMEOUT_S without a byte: 408 unless an answer has
+    begun, then the connection is closed, and the application hears that the client left.
+    Time when uvicorn itself stopped reading (flow control) does not count against the client.
+    Patched in place: uvicorn resolves the protocol class before it imports the application,
+    so a replaced class would go unused.
     """
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # uvicorn or httptools not installed: nothing to guard
+    except ImportError:  # httptools not installed: uvicorn runs h11
+        pass
+    else:
+        _install_in_httptools(HttpToolsProtocol)
+    try:
+        import h11
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+    except ImportError:  # uvicorn not installed: nothing to guard
         return
-    header_timeout_s: float = settings.NEXUS_HEADER_TIMEOUT_S
+    _install_in_h11(H11Protocol, h11)
 
-    def headers_late(protocol: Any, started: bool) -> None:
+
+def _header_timer(protocol: Any, started: Callable[[Any], bool]) -> None:
+    """(Re)start the header timer; `started` says at expiry whether a request had begun."""
+    _stop_timer(protocol, "_nexus_header_timer")
+    timeout_s: float = settings.NEXUS_HEADER_TIMEOUT_S
+
+    def headers_late() -> None:
         protocol._nexus_header_timer = None
         transport = protocol.transport
         if transport is None or transport.is_closing():
             return
-        if started:
-            transport.write(raw_response(errors.headers_too_slow(header_timeout_s)))
+        if started(protocol):
+            transport.write(raw_response(errors.headers_too_slow(timeout_s)))
         transport.close()
 
-    def arm(protocol: Any, started: bool) -> None:
-        disarm(protocol)
-        protocol._nexus_header_timer = protocol.loop.call_later(
-            header_timeout_s, headers_late, protocol, started
-        )
+    protocol._nexus_header_timer = protocol.loop.call_later(timeout_s, headers_late)
 
-    def disarm(protocol: Any) -> None:
-        timer = getattr(protocol, "_nexus_header_timer", None)
-        if timer is not None:
-            timer.cancel()
-            protocol._nexus_header_timer = None
 
-    connection_made = HttpToolsProtocol.connection_made
-    message_begin = HttpToolsProtocol.on_message_begin
-    headers_complete = HttpToolsProtocol.on_headers_complete
-    connection_lost = HttpToolsProtocol.connection_lost
+def _body_timer(protocol: Any, in_body: Callable[[Any], bool]) -> None:
+    """Start the body timer unless it runs; it fires after the timeout without a body byte."""
+    if getattr(protocol, "_nexus_body_timer", None) is not None:
+        return
+    timeout_s: float = settings.NEXUS_BODY_TIMEOUT_S
+
+    def body_late() -> None:
+        protocol._nexus_body_timer = None
+        transport = protocol.transport
+        if transport is None or transport.is_closing() or not in_body(protocol):
+            return
+        idle_s = protocol.loop.time() - protocol._nexus_body_at
+        if idle_s < timeout_s or protocol.flow.read_paused:
+            wait_s = timeout_s - idle_s if idle_s < timeout_s else timeout_s
+            protocol._nexus_body_timer = protocol.loop.call_later(wait_s, body_late)
+            return
+        cycle = protocol.cycle
+        if cycle is not None and not cycle.response_started:
+            transport.write(raw_response(errors.body_too_slow(timeout_s)))
+        transport.close()
+
+    protocol._nexus_body_timer = protocol.loop.call_later(timeout_s, body_late)
+
+
+def _stop_timer(protocol: Any, name: str) -> None:
+    timer = getattr(protocol, name, None)
+    if timer is not None:
+        timer.cancel()
+        setattr(protocol, name, None)
+
+
+def _install_in_httptools(protocol_class: Any) -> None:
+    def request_begun(protocol: Any) -> bool:
+        return bool(getattr(protocol, "_nexus_request_begun", False))
+
+    def in_body(protocol: Any) -> bool:
+        return bool(getattr(protocol, "_nexus_in_body", False))
+
+    connection_made = protocol_class.connection_made
+    data_received = protocol_class.data_received
+    message_begin = protocol_class.on_message_begin
+    headers_complete = protocol_class.on_headers_complete
+    body = protocol_class.on_body
+    message_complete = protocol_class.on_message_complete
+    connection_lost = protocol_class.connection_lost
 
     def on_connection_made(protocol: Any, transport: Any) -> None:
         connection_made(protocol, transport)
-        arm(protocol, started=False)
+        protocol._nexus_request_begun = False
+        _header_timer(protocol, request_begun)
+
+    def on_data_received(protocol: Any, data: bytes) -> None:
+        data_received(protocol, data)
+        if in_body(protocol):
+            _body_timer(protocol, in_body)
 
     def on_message_begin(protocol: Any) -> None:
         message_begin(protocol)
-        arm(protocol, started=True)
+        protocol._nexus_request_begun = True
+        _header_timer(protocol, request_begun)
 
     def on_headers_complete(protocol: Any) -> None:
-        disarm(protocol)
+        _stop_timer(protocol, "_nexus_header_timer")
+        protocol._nexus_in_body = True
+        protocol._nexus_body_at = protocol.loop.time()
         headers_complete(protocol)
 
+    def on_body(protocol: Any, data: bytes) -> None:
+        protocol._nexus_body_at = protocol.loop.time()
+        body(protocol, data)
+
+    def on_message_complete(protocol: Any) -> None:
+        protocol._nexus_in_body = False
+        _stop_timer(protocol, "_nexus_body_timer")
+        message_complete(protocol)
+
     def on_connection_lost(protocol: Any, exc: Exception | None) -> None:
-        disarm(protocol)
+        _stop_timer(protocol, "_nexus_header_timer")
+        _stop_timer(protocol, "_nexus_body_timer")
         connection_lost(protocol, exc)
 
-    HttpToolsProtocol.connection_made = on_connection_made  # type: ignore[method-assign,assignment]
-    HttpToolsProtocol.on_message_begin = on_message_begin  # type: ignore[method-assign,assignment]
-    HttpToolsProtocol.on_headers_complete = on_headers_complete  # type: ignore[method-assign,assignment]
-    HttpToolsProtocol.connection_lost = on_connection_lost  # type: ignore[method-assign,assignment]
+    protocol_class.connection_made = on_connection_made
+    protocol_class.data_received = on_data_received
+    protocol_class.on_message_begin = on_message_begin
+    protocol_class.on_headers_complete = on_headers_complete
+    protocol_class.on_body = on_body
+    protocol_class.on_message_complete = on_message_complete
+    protocol_class.connection_lost = on_connection_lost
+
+
+def _install_in_h11(protocol_class: Any, h11: Any) -> None:
+    """h11 has no parser callbacks: the connection's state after each read tells the phase."""
+
+    def request_begun(protocol: Any) -> bool:
+        return protocol.conn.their_state is h11.IDLE and bool(protocol.conn.trailing_data[0])
+
+    def in_body(protocol: Any) -> bool:
+        return protocol.conn.their_state is h11.SEND_BODY
+
+    connection_made = protocol_class.connection_made
+    data_received = protocol_class.data_received
+    connection_lost = protocol_class.connection_lost
+
+    def on_connection_made(protocol: Any, transport: Any) -> None:
+        connection_made(protocol, transport)
+        _header_timer(protocol, request_begun)
+
+    def on_data_received(protocol: Any, data: bytes) -> None:
+        waiting_for_headers = protocol.conn.their_state is h11.IDLE
+        data_received(protocol, data)
+        state = protocol.conn.their_state
+        if state is h11.IDLE:
+            # A request's first bytes after an idle keep-alive connection: time its headers.
+            if getattr(protocol, "_nexus_header_timer", None) is None:
+                _header_timer(protocol, request_begun)
+            return
+        if waiting_for_headers:
+            _stop_timer(protocol, "_nexus_header_timer")
+        if state is h11.SEND_BODY:
+            protocol._nexus_body_at = protocol.loop.time()
+            _body_timer(protocol, in_body)
+        else:
+            _stop_timer(protocol, "_nexus_body_timer")
+
+    def on_connection_lost(protocol: Any, exc: Exception | None) -> None:
+        _stop_timer(protocol, "_nexus_header_timer")
+        _stop_timer(protocol, "_nexus_body_timer")
+        connection_lost(protocol, exc)
+
+    protocol_class.connection_made = on_connection_made
+    protocol_class.data_received = on_data_received
+    protocol_class.connection_lost = on_connection_lost

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -27,7 +28,10 @@ from tests.support.traffic import chat_body, send
 
 MIB = 1024 * 1024
 SERVERS = ["daphne", "uvicorn"]
+# The timeouts are patched into each of uvicorn's HTTP protocols: these tests run on both.
+TIMEOUT_SERVERS = [*SERVERS, "uvicorn-h11"]
 HEADER_TIMEOUT_S = 2.0
+BODY_TIMEOUT_S = 2.0
 # Every exchange with a hostile client ends within this, or the test fails.
 EXCHANGE_TIMEOUT_S = 10.0
 
@@ -39,6 +43,7 @@ class Stack:
     token: str
     tmp_dir: Path  # the server's TMPDIR: a spooled body would show up here
     name: str
+    pool: str  # the slug of the pool it serves
 
 
 @pytest.fixture(scope="module")
@@ -55,30 +60,36 @@ def stack(
     engine: Simulator,
     tmp_path: Path,
 ) -> Iterator[Stack]:
-    with django_db_blocker.unblock():
-        pool = make_pool("hostile")
-        make_target(pool, "engine", base_url=engine.base_url, model_id="demo-8b")
-        token_row, token = ApiToken.issue("hostile inputs")
-    server_tmp = tmp_path / "server-tmp"
-    server_tmp.mkdir()
-    env = {"TMPDIR": str(server_tmp), "NEXUS_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S)}
+    # A slug of its own per test: a row one test leaves behind cannot fail the next one's setup.
+    slug = f"hostile-{request.param}-{secrets.token_hex(3)}"
     try:
+        with django_db_blocker.unblock():
+            pool = make_pool(slug)
+            make_target(pool, "engine", base_url=engine.base_url, model_id="demo-8b")
+            _, token = ApiToken.issue(slug)
+        server_tmp = tmp_path / "server-tmp"
+        server_tmp.mkdir()
+        env = {
+            "TMPDIR": str(server_tmp),
+            "NEXUS_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+            "NEXUS_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+        }
         with running_nexus(tmp_path, server=request.param, **env) as server:
-            stack = Stack(server, engine, token, server_tmp, request.param)
+            stack = Stack(server, engine, token, server_tmp, request.param, slug)
             assert_serving(stack)  # also loads the gateway's snapshot
             yield stack
             assert_serving(stack)
     finally:
         with django_db_blocker.unblock():
-            Pool.objects.filter(pk=pool.pk).delete()
-            token_row.delete()
+            Pool.objects.filter(slug=slug).delete()
+            ApiToken.objects.filter(name=slug).delete()
 
 
 def assert_serving(stack: Stack) -> None:
     """The server is healthy: /healthz answers and a real chat request is served."""
     assert httpx.get(f"{stack.server.url}/healthz", timeout=5).status_code == 200
     answer = send(
-        f"{stack.server.url}/v1/chat/completions", stack.token, chat_body("hostile"), timeout_s=10
+        f"{stack.server.url}/v1/chat/completions", stack.token, chat_body(stack.pool), timeout_s=10
     )
     assert answer.status == 200, answer.content
 
@@ -288,6 +299,7 @@ def test_a_20_kb_path_is_a_414(stack: Stack) -> None:
     outcomes.record_fault("20 KB path", stack.name, 1, 0, time.monotonic() - started, "414 JSON")
 
 
+@pytest.mark.parametrize("stack", TIMEOUT_SERVERS, indirect=True)
 def test_a_slowloris_connection_is_closed_after_the_header_timeout(stack: Stack) -> None:
     sock = connect(stack)
     started = time.monotonic()
@@ -313,3 +325,55 @@ def test_a_slowloris_connection_is_closed_after_the_header_timeout(stack: Stack)
         closed_after,
         f"closed after {closed_after:.1f} s (header timeout {HEADER_TIMEOUT_S:g} s)",
     )
+
+
+@pytest.mark.parametrize("stack", TIMEOUT_SERVERS, indirect=True)
+def test_a_body_that_stops_arriving_gets_a_408_after_the_body_timeout(stack: Stack) -> None:
+    body = json.dumps(chat_body(stack.pool)).encode()
+    sock = connect(stack)
+    started = time.monotonic()
+    # The headers and half the body, then nothing more.
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer " + stack.token.encode() + b"\r\n"
+        b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body[: len(body) // 2]
+    )
+    status, headers, answer = read_answer(sock)
+    answered_after = time.monotonic() - started
+    sock.close()
+
+    assert status == 408
+    assert_openai_error(status, headers, answer, "request_timeout")
+    assert "NEXUS_BODY_TIMEOUT_S" in json.loads(answer)["error"]["message"]
+    assert BODY_TIMEOUT_S <= answered_after < BODY_TIMEOUT_S + 3
+    outcomes.record_fault(
+        "body stops after half",
+        stack.name,
+        1,
+        0,
+        answered_after,
+        f"408 JSON after {answered_after:.1f} s (body timeout {BODY_TIMEOUT_S:g} s)",
+    )
+
+
+@pytest.mark.parametrize("stack", TIMEOUT_SERVERS, indirect=True)
+def test_a_body_that_keeps_arriving_slowly_is_not_cut_off(stack: Stack) -> None:
+    body = json.dumps(chat_body(stack.pool)).encode()
+    sock = connect(stack)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer " + stack.token.encode() + b"\r\n"
+        b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    # Slower in all than the timeout, but never idle for as long: an idle timeout, as nginx's.
+    pieces = [body[i : i + len(body) // 6 + 1] for i in range(0, len(body), len(body) // 6 + 1)]
+    for piece in pieces:
+        time.sleep(BODY_TIMEOUT_S / 3)
+        sock.sendall(piece)
+    status, _, answer = read_answer(sock)
+    sock.close()
+
+    assert status == 200, answer
+    assert json.loads(answer)["choices"][0]["message"]["content"]

@@ -72,10 +72,12 @@ class LiveServer:
 
 
 def server_argv(server: str, port: int) -> list[str]:
-    """Return the command that serves Nexus's ASGI app: daphne, or uvicorn as documented."""
-    if server == "uvicorn":
+    """Return the command that serves Nexus's ASGI app: daphne, or uvicorn as documented
+    ("uvicorn"), or uvicorn with its other HTTP protocol ("uvicorn-h11")."""
+    if server in ("uvicorn", "uvicorn-h11"):
+        http = "h11" if server == "uvicorn-h11" else "httptools"
         return [sys.executable, "-m", "uvicorn", "nexus.asgi:application", "--host", "127.0.0.1",
-                "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--lifespan",
+                "--port", str(port), "--loop", "uvloop", "--http", http, "--lifespan",
                 "off", "--no-access-log"]  # fmt: skip
     return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
             "nexus.asgi:application"]  # fmt: skip
