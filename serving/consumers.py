@@ -7,7 +7,8 @@ from typing import Any
 from nexus import access, live
 from nexus.consumers import LiveConsumer
 from serving import live as serving_live
-from serving.models import Service
+from serving import trials
+from serving.models import Service, Trial
 
 
 class ServicesConsumer(LiveConsumer):
@@ -35,3 +36,16 @@ class ServiceConsumer(LiveConsumer):
 
     def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         return serving_live.service_cards(url["pk"], audience)
+
+
+class TrialConsumer(LiveConsumer):
+    """Forward a Validate trial's popup body to staff (who alone may start trials)."""
+
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        if not access.is_staff(user) or not Trial.objects.filter(pk=url["pk"]).exists():
+            return None
+        return trials.topic(url["pk"])
+
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
+        trial = Trial.objects.select_related("node").filter(pk=url["pk"]).first()
+        return live.fragment(trials.TRIAL_POPUP, {"trial": trial}) if trial else ""

@@ -123,13 +123,16 @@ def check_service(
     resource_group: ResourceGroup | str | None = DEFAULT_GROUP,
     preset: ResourcePreset | str | None = None,
     resource_slots: Mapping[str, Any] | None = None,
+    naming: bool = True,
 ) -> Plan:
     """Return the checked declaration of a new service; raise ServiceError with every problem.
 
-    Model folder, resource group and preset may be given as objects or by name.
+    Model folder, resource group and preset may be given as objects or by name. Without
+    `naming` the name is not checked: a trial of the settings (Validate) makes no service.
     """
     problems: list[LaunchProblem] = []
-    _check_name(name, problems)
+    if naming:
+        _check_name(name, problems)
     _check_project(project, problems)
     _check_replicas(desired_replicas, problems)
     folder = _by_name(ModelFolder, model_folder, "model_folder", "model folder", problems)

@@ -28,6 +28,7 @@ urlpatterns = [
     path("services/new/", views.service_new, name="service_new"),
     path("services/new/check/", views.service_check, name="service_check"),
     path("services/new/fields/", views.service_variant_fields, name="service_variant_fields"),
+    path("services/new/validate/", views.service_validate, name="service_validate"),
     path("services/<slug:name>/", views.service_detail, name="service_detail"),
     path("services/<slug:name>/scale/", views.service_scale, name="service_scale"),
     path("services/<slug:name>/delete/", views.service_delete, name="service_delete"),

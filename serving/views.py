@@ -27,7 +27,7 @@ from nexus import access, live
 from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from nexus.ui.format import count
-from serving import folder_sync, folders, replicas, services, tokens
+from serving import folder_sync, folders, replicas, services, tokens, trials
 from serving import live as serving_live
 from serving.forms import (
     ModelFolderForm,
@@ -356,6 +356,34 @@ def service_check(request: HttpRequest) -> HttpResponse:
     check = check_launch(form, acting_user(request))
     # The fields' own error slots are updated out of band, beside the check.
     return render(request, LAUNCH_CHECK, {"check": check, "form": form, "oob": True})
+
+
+@require_POST
+@login_required
+def service_validate(request: HttpRequest) -> HttpResponse:
+    """Start a trial replica of the launcher's settings; render its popup, which then follows
+    it over /ws/serving/trials/<id>/ (or says why it did not start)."""
+    require_staff(request, "validate services")
+    editing = request.POST.get("editing")
+    data = request.POST.copy()
+    # A trial makes no service: its name is neither needed nor checked.
+    data["name"] = data.get("name") or "trial"
+    form = ServiceLaunchForm(data, editing=service_or_404(request, editing) if editing else None)
+    problems: list[Any] = []
+    trial = None
+    if not form.is_valid():
+        problems = form.problems()
+    else:
+        declaration = form.declaration()
+        if form.editing is not None:
+            declaration["project"] = form.editing.project
+        try:
+            trial = trials.start_trial(acting_user(request), **declaration)
+        except LaunchError as refused:
+            problems = list(refused.problems)
+        except trials.TrialRefused as refused:
+            problems = [str(refused)]
+    return render(request, "serving/trial.html", {"trial": trial, "problems": problems})
 
 
 @require_POST

@@ -149,6 +149,13 @@ TOKEN_STATES = {
     "revoked": State("Revoked", Tone.OFF, TURNED_OFF, "Revoked: refused."),
 }
 
+TRIAL_STATES = {
+    "queued": State("Queued", Tone.INFO, INFO, "Waiting for the worker to start it."),
+    "running": State("Running", Tone.WARN, UNDER_WAY, "A trial replica runs and is probed."),
+    "passed": State("Passed", Tone.OK, OK, "A health probe passed; the replica was stopped."),
+    "failed": State("Failed", Tone.BAD, FAILED, "It did not pass; the replica was stopped."),
+}
+
 
 def _badge(kind: str, states: dict[str, State], state: str, detail: str, reason: str) -> Badge:
     try:
@@ -296,6 +303,11 @@ def token(state: str, *, reason: str = "") -> Badge:
     return _badge("token", TOKEN_STATES, state, "", reason)
 
 
+def trial(state: str, *, reason: str = "") -> Badge:
+    """Return a Validate trial's state: queued, running, passed or failed (why)."""
+    return _badge("trial", TRIAL_STATES, state, "", reason)
+
+
 # What `{% badge "<kind>" ... %}` calls: the kind's builder with the tag's arguments.
 BUILDERS: dict[str, Callable[..., Badge]] = {
     "target": target,
@@ -308,6 +320,7 @@ BUILDERS: dict[str, Callable[..., Badge]] = {
     "deployment": deployment,
     "node": node,
     "token": token,
+    "trial": trial,
 }
 
 # Every state of every kind, for the style guide and the tests.
@@ -319,6 +332,7 @@ CATALOGUE: dict[str, dict[str, State]] = {
     "deployment": DEPLOYMENT_STATES,
     "node": NODE_STATES,
     "token": TOKEN_STATES,
+    "trial": TRIAL_STATES,
 }
 
 

@@ -22,6 +22,7 @@ from serving.models import (
     Route,
     RoutePart,
     Service,
+    Trial,
     validate_folder_name,
 )
 
@@ -397,6 +398,39 @@ class ServiceCreateSerializer(LaunchFieldsSerializer):
     project = serializers.CharField(default="default")
     open_to_public = serializers.BooleanField(default=False, help_text="Reachable without a token.")
     desired_replicas = serializers.IntegerField(default=1, help_text="0 to 64.")
+
+
+class TrialCreateSerializer(LaunchFieldsSerializer):
+    """What a trial replica (Validate) runs: a new service's launch settings, without a name."""
+
+    project = serializers.CharField(default="default")
+
+
+class TrialSerializer(serializers.ModelSerializer):
+    """A trial replica of launch settings: where it ran, its probes, log and verdict."""
+
+    node = serializers.CharField(source="node.name", read_only=True, default=None)
+    model_folder = serializers.CharField(source="model_folder.name", read_only=True, default=None)
+
+    class Meta:
+        model = Trial
+        fields = [
+            "id",
+            "project",
+            "state",
+            "reason",
+            "model_folder",
+            "runtime_variant",
+            "node",
+            "process_id",
+            "port",
+            "probes",
+            "log",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
 
 
 class ServiceUpdateSerializer(LaunchFieldsSerializer):

@@ -18,6 +18,7 @@ router.register(
     tokens.ServiceTokenViewSet,
     basename="service-token",
 )
+router.register("trials", views.TrialViewSet, basename="trial")
 router.register("resource-groups", views.ResourceGroupViewSet, basename="resource-group")
 router.register("resource-presets", views.ResourcePresetViewSet, basename="resource-preset")
 

@@ -312,3 +312,10 @@ document.addEventListener("change", (event) => {
 });
 document.addEventListener("htmx:oobAfterSwap", filterRoutes);
 document.addEventListener("htmx:afterSwap", filterRoutes);
+
+// A dialog swapped in with data-show-modal opens at once (the Validate popup).
+document.addEventListener("htmx:afterSwap", (event) => {
+  for (const dialog of event.detail.target.querySelectorAll("dialog[data-show-modal]")) {
+    if (!dialog.open) dialog.showModal();
+  }
+});

@@ -26,7 +26,14 @@ from nexus.management.commands.nexus_run import seed_first_run
 from nexus.models import ApiToken, Project
 from pools.models import RoutingRecord, Target
 from serving import folders, services
-from serving.models import ModelFolder, ResourceGroup, ResourcePreset, Route, RouteState
+from serving.models import (
+    ModelFolder,
+    ResourceGroup,
+    ResourcePreset,
+    Route,
+    RouteState,
+    Trial,
+)
 from serving.tokens import issue_service_token
 from tests.deployments.factories import make_deployment, make_node
 from tests.nexus.factories import make_pool, make_target
@@ -160,6 +167,12 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
         writes(201, outsider=400),
     ),
     ("service-detail", "get"): (None, reads(detail=True)),
+    # Validate: a trial of launch settings, started as a service would be, then followed.
+    ("service-validate", "post"): (
+        {"project": "acme", "model_folder": "llama", "runtime_variant": "vllm"},
+        writes(202, outsider=400),
+    ),
+    ("trial-detail", "get"): (None, reads(detail=True)),
     ("service-detail", "patch"): ({"desired_replicas": 2}, writes(200)),
     ("service-detail", "delete"): (None, writes(202)),
     ("service-route-clear-errors", "post"): (None, writes(200)),
@@ -270,6 +283,7 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
     deployment = make_deployment("demo", {node: NodeState.FAILED})
     ResourceGroup.objects.create(name="rg")
     ResourcePreset.objects.create(name="small")
+    trial = Trial.objects.create(project="acme", runtime_variant="vllm")
     cast = make_cast(project, client_pools=["chat"])
     token = ApiToken.objects.get(project=project, name="app", services=[])
     member = {"project_name": "acme"}
@@ -293,6 +307,7 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
             "deployment": {"pk": str(deployment.pk)},
             "resource-group": {"name": "rg"},
             "resource-preset": {"name": "small"},
+            "trial": {"pk": str(trial.pk)},
         },
     )
 
