@@ -19,6 +19,7 @@ from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
     SERVICE_DEFINITION_NAME,
+    FolderUsage,
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
@@ -49,7 +50,16 @@ class ModelFolderForm(forms.Form):
         help_text=FOLDER_NAME_HELP,
     )
     project = forms.CharField(max_length=100, initial="default")
+    usage = forms.ChoiceField(
+        choices=FolderUsage.choices,
+        initial=FolderUsage.MODEL,
+        required=False,
+        help_text="General and data folders are mounted beside a model folder (extra mounts).",
+    )
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def clean_usage(self) -> str:
+        return self.cleaned_data["usage"] or FolderUsage.MODEL
 
 
 class NodeChoices(forms.ModelMultipleChoiceField):
@@ -152,6 +162,14 @@ class ServiceLaunchForm(forms.Form):
         label="Model definition file",
         required=False,
         help_text="In the model folder; model-definition.yaml when left empty.",
+    )
+    extra_mounts = forms.CharField(
+        label="Extra mounts",
+        required=False,
+        widget=forms.Textarea(
+            attrs={"rows": 2, "placeholder": "folder=/destination, one per line"}
+        ),
+        help_text="General or data folders the definition's service also sees.",
     )
     mount_destination = forms.CharField(
         label="Mount destination",
@@ -275,6 +293,18 @@ class ServiceLaunchForm(forms.Form):
             found[name.strip()] = value
         return found
 
+    def clean_extra_mounts(self) -> list[dict[str, str]]:
+        """Return the folder=/destination lines as mounts; blank lines are skipped."""
+        found = []
+        for number, line in enumerate(self.cleaned_data["extra_mounts"].splitlines(), start=1):
+            if not line.strip():
+                continue
+            folder, equals, destination = line.partition("=")
+            if not equals:
+                raise forms.ValidationError(f"line {number}: write folder=/destination")
+            found.append({"folder": folder.strip(), "destination": destination.strip()})
+        return found
+
     def declaration(self) -> dict[str, Any]:
         """Return the cleaned form as `check_service`'s arguments."""
         data = self.cleaned_data
@@ -295,6 +325,7 @@ class ServiceLaunchForm(forms.Form):
             "model_definition_path": (
                 data["model_definition_path"] if custom and self.mode == "definition" else ""
             ),
+            "extra_mounts": data["extra_mounts"] if custom and self.mode == "definition" else [],
             "mount_destination": data["mount_destination"],
             "environ": {**environ, **data["variables"]},
             "runtime_parameters": {
@@ -335,6 +366,8 @@ class ServiceLaunchForm(forms.Form):
             if problem.file != SERVICE_DEFINITION_NAME and self.mode == "definition":
                 return "model_definition_path"
             return "model_folder"
+        if problem.path.startswith("extra_mounts"):
+            return "extra_mounts"
         head, _, key = problem.path.partition(".")
         if head == "command_settings":
             return {"port": "command_port"}.get(key, key) if key else "command"
@@ -367,6 +400,10 @@ def form_data_of(service: Service) -> dict[str, str]:
         "custom_mode": "command" if latest.command else "definition",
         "command": latest.command,
         "model_definition_path": latest.model_definition_path,
+        "extra_mounts": "\n".join(
+            f"{mount['folder']}={mount['destination']}"
+            for mount in latest.spec.get("extra_mounts") or []
+        ),
         "mount_destination": latest.mount_destination,
         "variables": "\n".join(
             f"{name}={value}" for name, value in latest.environ.items() if name not in own

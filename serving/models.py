@@ -41,9 +41,12 @@ def models_root() -> Path:
 
 
 class FolderUsage(models.TextChoices):
-    """What a folder is for; only model folders exist now, the value is kept for later kinds."""
+    """What a folder is for: a model's files, which services mount at their mount destination;
+    or general files or data, which a model definition's service may mount beside them."""
 
     MODEL = "model", "Model"
+    GENERAL = "general", "General"
+    DATA = "data", "Data"
 
 
 class ModelFolder(models.Model):

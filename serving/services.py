@@ -9,7 +9,7 @@ nothing behind.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,6 +53,7 @@ RESOLVED_FIELDS = (
     "environ",
     "runtime_parameters",
     "cluster_size",
+    "extra_mounts",
 )
 # What a revision is made of; a change to any of them makes a new revision.
 LAUNCH_FIELDS = (*RESOLVED_FIELDS, "resource_group", "preset", "resource_slots")
@@ -120,6 +121,7 @@ def check_service(
     environ: Mapping[str, str] | None = None,
     runtime_parameters: Mapping[str, Any] | None = None,
     cluster_size: int = 1,
+    extra_mounts: Sequence[Mapping[str, Any]] | None = None,
     resource_group: ResourceGroup | str | None = DEFAULT_GROUP,
     preset: ResourcePreset | str | None = None,
     resource_slots: Mapping[str, Any] | None = None,
@@ -152,6 +154,7 @@ def check_service(
             environ=environ,
             runtime_parameters=runtime_parameters,
             cluster_size=cluster_size,
+            extra_mounts=extra_mounts,
         )
     if problems:
         raise ServiceError(problems)
@@ -651,6 +654,7 @@ def _settings_of(revision: Revision) -> dict[str, Any]:
         "environ": dict(revision.environ),
         "runtime_parameters": dict(revision.runtime_parameters),
         "cluster_size": revision.cluster_size,
+        "extra_mounts": list(revision.spec.get("extra_mounts") or []),
         "resource_group": revision.resource_group,
         "preset": revision.preset,
         "resource_slots": dict(revision.resource_slots),
@@ -677,6 +681,8 @@ def _changed_settings(
             value = _checked_slots(value, problems)
         elif key in ("environ", "command_settings"):
             value = dict(value or {})
+        elif key == "extra_mounts":
+            value = [dict(mount) for mount in value or []]
         elif key == "runtime_parameters":
             value = _stored_parameters(value)
         elif isinstance(value, str):
@@ -687,6 +693,9 @@ def _changed_settings(
         for key in ("command", "model_definition_path"):
             settings[key] = changes.get(key, "")
         settings["command_settings"] = dict(changes.get("command_settings") or {})
+        settings["extra_mounts"] = list(changes.get("extra_mounts") or [])
+    if str(changes.get("command") or "").strip() and "extra_mounts" not in changes:
+        settings["extra_mounts"] = []  # a pasted command mounts only the model folder
     if "runtime_variant" in changes and changes["runtime_variant"] != latest.runtime_variant:
         # Parameters are one runtime's flags: another runtime starts from its defaults.
         settings["runtime_parameters"] = _stored_parameters(changes.get("runtime_parameters"))
@@ -723,6 +732,7 @@ def _new_revision(
 ) -> Revision:
     """Create revision `number` of the service from checked settings and their launch."""
     settings.pop("mount_destination", None)
+    settings.pop("extra_mounts", None)  # resolved into the spec, which keeps them
     return Revision.objects.create(
         service=service,
         number=number,

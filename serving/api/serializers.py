@@ -69,8 +69,12 @@ class ModelFolderSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
         ]
-        # Only model folders exist for now; the field is there for the kinds to come.
-        read_only_fields = ["usage"]
+        extra_kwargs = {
+            "usage": {
+                "help_text": "model (the default): a model's files; general or data: folders a "
+                "model definition's service may mount beside its model folder (extra_mounts)."
+            }
+        }
 
     def create(self, validated_data: dict[str, Any]) -> ModelFolder:
         try:
@@ -381,6 +385,12 @@ class LaunchFieldsSerializer(serializers.Serializer):
         default=dict,
         help_text='vLLM/SGLang parameters by key, e.g. {"dtype": "bfloat16", "max_num_seqs": '
         '"64"}; each becomes the server\'s flag (docs/runtimes.md).',
+    )
+    extra_mounts = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()),
+        required=False,
+        help_text='More folders a model definition\'s service sees: [{"folder": "datasets", '
+        '"destination": "/data"}]; general or data folders only (Custom, definition file).',
     )
     cluster_size = serializers.IntegerField(
         default=1,
