@@ -165,6 +165,10 @@ NEXUS_AGENT_PORT = env_int("NEXUS_AGENT_PORT", 7100, minimum=1)
 # Model serving: how often replicas are reconciled (placed, started, rolled out, replaced) and
 # due health probes are sent. Probe timing itself follows each service's health check.
 NEXUS_SERVING_TICK_S = env_float("NEXUS_SERVING_TICK_S", 1.0, minimum=0.2)
+# The model store lists the model folders of this project ("" turns the store off); its seed
+# cards are written after every migrate unless NEXUS_MODEL_STORE_SEED is off (docs/model-store.md).
+NEXUS_MODEL_STORE_PROJECT = env_str("NEXUS_MODEL_STORE_PROJECT", "model-store")
+NEXUS_MODEL_STORE_SEED = env_bool("NEXUS_MODEL_STORE_SEED", True)
 # The one beat schedule table: every row expires just before its next run.
 CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {

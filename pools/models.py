@@ -309,6 +309,8 @@ class RoutingRecord(models.Model):
         blank=True,
         help_text="The explanation: ranking with its factors, skipped targets, continuity.",
     )
+    # len(attempts), kept as a column so that "was retried" filters without reading the JSON.
+    attempt_count = models.PositiveSmallIntegerField(default=0)
     queue_wait_ms = models.FloatField(default=0.0)
     ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first output.")
     total_ms = models.FloatField(default=0.0)
@@ -326,6 +328,12 @@ class RoutingRecord(models.Model):
             models.Index(fields=["pool", "-created_at"], name="routing_pool_created"),
             models.Index(fields=["outcome", "-created_at"], name="routing_outcome_created"),
             models.Index(fields=["token_id", "-created_at"], name="routing_token_created"),
+            # The history page's keyset pages filtered by target (and outcome): an index range
+            # scan from the cursor, whatever the page number (docs/history.md).
+            models.Index(fields=["target", "-created_at", "-id"], name="routing_target_created"),
+            models.Index(
+                fields=["target", "outcome", "-created_at", "-id"], name="routing_target_outcome"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -128,12 +128,16 @@ def replay(record: RoutingRecord) -> dict[str, Any]:
     entry = pool_entry(record.pool)
     state = live.live_state([target.id for target in entry.targets])
     decision = _decide_now(entry, facts, state)
-    then_target = record.decision.get("target_id", record.target_id)
+    # The request as it arrived: a retried one's first ranking, before any target was tried
+    # (its latest decision excludes the targets that failed it).
+    per_attempt = record.decision.get("per_attempt")
+    then = per_attempt[0] if per_attempt else record.decision
+    then_target = then.get("target_id", record.target_id)
     return {
         "request_id": record.request_id,
         "live": state.gateways > 0,
         "gateways": state.gateways,
-        "then": record.decision,
+        "then": then,
         "now": {"request": _facts(facts), **decision.to_dict()},
         "changed": then_target != decision.target_id,
     }

@@ -11,5 +11,7 @@ class ServingConfig(AppConfig):
 
     def ready(self) -> None:
         from serving.defaults import create_defaults
+        from serving.store_seed import seed_store
 
         post_migrate.connect(create_defaults, sender=self)
+        post_migrate.connect(seed_store, sender=self)

@@ -27,6 +27,7 @@ from serving.models import (
     validate_folder_name,
 )
 from serving.scheduler import slots_text
+from serving.store import DeployOption, StoreCard
 
 # A service token always expires (DESIGN.md); ten years is the longest the form offers.
 MAX_TOKEN_DAYS = 3650
@@ -503,3 +504,34 @@ class ServiceTokenForm(forms.Form):
         """Return when the token stops working: the start of the day after the chosen one."""
         following = self.cleaned_data["expires_on"] + timedelta(days=1)
         return timezone.make_aware(datetime.combine(following, time.min))
+
+
+class StoreDeployForm(forms.Form):
+    """The model store's deploy modal: a preset (grouped by runtime variant when the card's
+    options span several) and a resource group."""
+
+    option = forms.ChoiceField(label="Preset")
+    resource_group = forms.ModelChoiceField(
+        label="Resource group", queryset=ResourceGroup.objects.none(), empty_label=None
+    )
+
+    def __init__(self, *args: Any, card: StoreCard, groups: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.card = card
+        by_variant: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+        for option in card.options:
+            text = f"{option.preset.name} ({slots_text(option.preset.slots())})"
+            by_variant.setdefault(option.variant, (option.variant_label, []))[1].append(
+                (option.key, text)
+            )
+        field = cast("forms.ChoiceField", self.fields["option"])
+        if len(by_variant) > 1:
+            field.choices = list(by_variant.values())
+        else:
+            field.choices = [c for _, choices in by_variant.values() for c in choices]
+        cast("forms.ModelChoiceField", self.fields["resource_group"]).queryset = groups
+
+    def chosen_option(self) -> DeployOption:
+        """Return the card's deploy option the form chose."""
+        key = self.cleaned_data["option"]
+        return next(o for o in self.card.options if o.key == key)

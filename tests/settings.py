@@ -9,6 +9,10 @@ isolate_worker()
 
 from nexus.settings import *  # noqa: E402, F403
 
+# The model store's seed folders would appear in every test's folder and service lists: a test
+# that wants them calls serving.store_seed.seed_store itself.
+NEXUS_MODEL_STORE_SEED = False
+
 # The processes tests start (daphne, Celery, the agent) read Nexus's settings themselves, with
 # this worker's environment.
 os.environ["DJANGO_SETTINGS_MODULE"] = "nexus.settings"

@@ -156,6 +156,21 @@ TRIAL_STATES = {
     "failed": State("Failed", Tone.BAD, FAILED, "It did not pass; the replica was stopped."),
 }
 
+# A routed request's outcome (pools.models.RoutingOutcome): what the client got.
+OUTCOME_STATES = {
+    "ok": State("OK", Tone.OK, OK, "Answered by a target."),
+    "client_error": State("Client error", Tone.WARN, WARNING, "The request's own fault (4xx)."),
+    "upstream_error": State("Upstream error", Tone.BAD, FAILED, "The target failed it."),
+    "queue_full": State("Queue full", Tone.BAD, FAILED, "Refused: the pool's queue was full."),
+    "queue_timeout": State(
+        "Queue timeout", Tone.BAD, FAILED, "No slot freed within the queue's wait."
+    ),
+    "no_target": State("No target", Tone.BAD, FAILED, "No target could take it."),
+    "interrupted": State("Interrupted", Tone.BAD, FAILED, "The answer broke off after output."),
+    "client_gone": State("Client gone", Tone.OFF, INACTIVE, "The client left before the end."),
+    "rate_limited": State("Rate limited", Tone.WARN, WARNING, "Over its token's limits."),
+}
+
 
 def _badge(kind: str, states: dict[str, State], state: str, detail: str, reason: str) -> Badge:
     try:
@@ -308,6 +323,11 @@ def trial(state: str, *, reason: str = "") -> Badge:
     return _badge("trial", TRIAL_STATES, state, "", reason)
 
 
+def outcome(state: str, *, reason: str = "") -> Badge:
+    """Return a routed request's outcome: OK, or what went wrong (the failure in the title)."""
+    return _badge("outcome", OUTCOME_STATES, state, "", reason)
+
+
 # What `{% badge "<kind>" ... %}` calls: the kind's builder with the tag's arguments.
 BUILDERS: dict[str, Callable[..., Badge]] = {
     "target": target,
@@ -321,6 +341,7 @@ BUILDERS: dict[str, Callable[..., Badge]] = {
     "node": node,
     "token": token,
     "trial": trial,
+    "outcome": outcome,
 }
 
 # Every state of every kind, for the style guide and the tests.
@@ -333,6 +354,7 @@ CATALOGUE: dict[str, dict[str, State]] = {
     "node": NODE_STATES,
     "token": TOKEN_STATES,
     "trial": TRIAL_STATES,
+    "outcome": OUTCOME_STATES,
 }
 
 

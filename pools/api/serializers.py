@@ -206,6 +206,7 @@ class RoutingRecordSerializer(serializers.ModelSerializer):
             "queue_wait_ms",
             "ttft_ms",
             "total_ms",
+            "attempt_count",
             "attempts",
         ]
         read_only_fields = fields
@@ -230,6 +231,17 @@ class HistoryFilterSerializer(serializers.Serializer):
     token = serializers.IntegerField(required=False, help_text="Only requests with this token id.")
     since = serializers.DateTimeField(required=False, help_text="Only requests from this time on.")
     until = serializers.DateTimeField(required=False, help_text="Only requests before this time.")
+    kind = serializers.CharField(
+        required=False, help_text="Only requests of this kind: chat, completions or embeddings."
+    )
+    min_attempts = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Only requests of this many attempts or more (2: retried).",
+    )
+    queued_over_ms = serializers.FloatField(
+        required=False, min_value=0, help_text="Only requests that waited in the queue longer (ms)."
+    )
 
 
 class UsageFilterSerializer(serializers.Serializer):

@@ -149,6 +149,8 @@ class HistoryViewSet(viewsets.ReadOnlyModelViewSet):
         return filtered(records, HistoryFilterSerializer(data=self.request.query_params), {
             "pool": "pool__slug", "target": "target_id", "outcome": "outcome",
             "token": "token_id", "since": "created_at__gte", "until": "created_at__lt",
+            "kind": "kind", "min_attempts": "attempt_count__gte",
+            "queued_over_ms": "queue_wait_ms__gt",
         })  # fmt: skip
 
 

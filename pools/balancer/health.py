@@ -91,11 +91,14 @@ class PassiveHealth:
     policy: HealthPolicy = field(default_factory=HealthPolicy)
     _circuits: dict[int, _Circuit] = field(default_factory=dict, init=False, repr=False)
 
-    def record(self, target_id: int, ok: bool, now: float, *, degraded: bool = False) -> None:
+    def record(
+        self, target_id: int, ok: bool, now: float, *, degraded: bool = False, why: str = ""
+    ) -> None:
         """Record the outcome of a request sent to the target.
 
         degraded: its latest active probe failed; it serves only for want of a healthy target,
-        so one real failure is enough to take it out.
+        so one real failure is enough to take it out. why: what a failure says about the
+        target, when it says something specific (an ejection's cause then names it).
         """
         circuit = self._circuit(target_id)
         circuit.outcomes.append(ok)
@@ -111,7 +114,7 @@ class PassiveHealth:
             if ok:
                 self._close(circuit)
             else:
-                self._eject(circuit, now, "the half-open trial failed")
+                self._eject(circuit, now, _because("the half-open trial failed", why))
             return
         if ok:
             circuit.consecutive_failures = 0
@@ -122,16 +125,19 @@ class PassiveHealth:
         circuit.consecutive_failures += 1
         circuit.successes_since_close = 0
         if degraded:
-            self._eject(circuit, now, "a failed request while its probes fail (degraded)")
+            cause = "a failed request while its probes fail (degraded)"
+            self._eject(circuit, now, _because(cause, why))
             return
         if circuit.consecutive_failures >= self.policy.consecutive_failures_to_eject:
-            self._eject(circuit, now, f"{circuit.consecutive_failures} consecutive failures")
+            cause = f"{circuit.consecutive_failures} consecutive failures"
+            self._eject(circuit, now, _because(cause, why))
             return
         samples = len(circuit.outcomes)
         if samples >= self.policy.min_samples:
             rate = circuit.outcomes.count(False) / samples
             if rate >= self.policy.error_rate_threshold:
-                self._eject(circuit, now, f"{rate:.0%} of the last {samples} requests failed")
+                cause = f"{rate:.0%} of the last {samples} requests failed"
+                self._eject(circuit, now, _because(cause, why))
 
     def record_probe(self, target_id: int, healthy: bool, now: float) -> None:
         """Apply the active health checker's verdict (after its own thresholds, not per probe).
@@ -321,3 +327,8 @@ class ServerErrorMemory:
         while len(self._seen) > self.max_entries:
             self._seen.popitem(last=False)
         return others
+
+
+def _because(cause: str, why: str) -> str:
+    """Name what the failure that tipped the circuit said, when it said something specific."""
+    return f"{cause}, the last: {why}" if why else cause

@@ -42,23 +42,59 @@ class FairQueue(Generic[T]):
         return ticket in self._token_of
 
     def refusal(self, token_id: int) -> str | None:
-        """Return why a new ticket of this token would be refused, or None if it would get in."""
+        """Return why a new ticket of this token would be refused, or None if it would get in.
+
+        Alone, a token may fill the queue; with others waiting it keeps to its fair share (the
+        places divided among the tokens waiting, itself included). A full queue still takes a
+        ticket of a token under its share: the newest ticket of the token most over its share
+        (one that filled the queue while it waited alone) gives up its place (`victim`).
+        """
+        held, share = self._held_and_share(token_id)
         if len(self._token_of) >= self.max_size:
-            return QUEUE_FULL
-        fifo = self._fifos.get(token_id)
-        held = len(fifo) if fifo is not None else 0
-        tokens = len(self._fifos) + (0 if fifo is not None else 1)
-        # Alone, a token may fill the queue; with others waiting it keeps to its share.
-        if tokens > 1 and held >= max(1, self.max_size // tokens):
+            return None if held < share and self.victim(token_id) is not None else QUEUE_FULL
+        if held >= share:
             return OVER_FAIR_SHARE
         return None
 
+    def victim(self, token_id: int) -> T | None:
+        """Return the ticket a new one of this token would push out of a full queue, if any:
+        the newest of the token most over its fair share, when this token is under its own and
+        that token still holds more than it afterwards (a swap between equals would only trade
+        who waits, and back again)."""
+        if len(self._token_of) < self.max_size:
+            return None
+        held, share = self._held_and_share(token_id)
+        if held >= share:
+            return None
+        most_over, excess = None, 0.0
+        for other_id, fifo in self._fifos.items():
+            if other_id != token_id and len(fifo) >= held + 2 and len(fifo) - share > excess:
+                most_over, excess = fifo, len(fifo) - share
+        return next(reversed(most_over)) if most_over is not None else None
+
+    def _held_and_share(self, token_id: int) -> tuple[int, float]:
+        """Return how many tickets the token holds and its fair share with it counted.
+
+        The share is not rounded: with 5 places and 3 tokens, a token holding 1 is under its
+        share (1.67) and may take a second place.
+        """
+        fifo = self._fifos.get(token_id)
+        held = len(fifo) if fifo is not None else 0
+        tokens = len(self._fifos) + (0 if fifo is not None else 1)
+        return held, self.max_size / tokens
+
     def admit(self, token_id: int, ticket: T) -> str | None:
-        """Queue the ticket behind its token's earlier ones; return the refusal reason, if any."""
+        """Queue the ticket behind its token's earlier ones; return the refusal reason, if any.
+
+        In a full queue it takes the place of `victim(token_id)`, which leaves the queue.
+        """
         if ticket in self._token_of:
             raise ValueError("this ticket is already queued")
         reason = self.refusal(token_id)
         if reason is None:
+            victim = self.victim(token_id)
+            if victim is not None:
+                self.remove(victim)
             fifo = self._fifos.get(token_id)
             if fifo is None:
                 # A token that had no waiters joins the turn order at the end.
@@ -210,7 +246,8 @@ class PoolQueue:
         """Wait until `wake_next` hands this request a slot.
 
         Raise QueueFull when it is not admitted (full, over its fair share, or an estimated
-        wait beyond max_wait_s), QueueTimeout when max_wait_s passes. On cancellation (the
+        wait beyond max_wait_s), or when, waiting over its token's fair share, it gives up its
+        place to a token under its own; QueueTimeout when max_wait_s passes. On cancellation (the
         client left) the request leaves the queue at once. again: the request was woken but
         found no room (another took it first); it goes back first in line, without admission.
         """
@@ -227,7 +264,12 @@ class PoolQueue:
                 reason = WAIT_TOO_LONG
             if reason is not None:
                 raise QueueFull(reason, retry_after_s(self._service_times, ahead, capacity))
+            victim = self.fair.victim(token_id)
             self.fair.admit(token_id, future)
+            if victim is not None and not victim.done():
+                # It waited behind its own token's earlier requests, at the end of the queue.
+                wait_s = retry_after_s(self._service_times, len(self.fair), capacity)
+                victim.set_exception(QueueFull(OVER_FAIR_SHARE, wait_s))
         try:
             async with asyncio.timeout(max_wait_s):
                 await future

@@ -1,7 +1,8 @@
 """Retries by failure phase: only what certainly did not reach a target's model is tried again.
 
 DESIGN.md "Retries": a different target may be tried only before any byte of output reached the
-client, on connect errors, a connection reset before a response, or a 429/502/503/504. Never a
+client, on connect errors, a connection reset before a response, a 429/502/503/504, or a target
+that refuses what Nexus itself wrote into the request (its credential, its model id). Never a
 timeout after the request was sent (the target may be generating), a 4xx caused by the request,
 or anything after output started. A budget caps retries so an outage cannot double the load.
 """
@@ -14,6 +15,9 @@ from enum import StrEnum
 # Statuses with which a target refuses work it has not started: busy, or a proxy in front of it
 # could not reach it.
 REFUSED_STATUSES = frozenset({429, 502, 503, 504})
+# Statuses that, for a request whose model and Authorization Nexus rewrote for the target, say
+# the target is misconfigured (its credential, or the model id it was given), not the request.
+MISCONFIGURED_STATUSES = frozenset({401, 403, 404})
 
 
 class FailurePhase(StrEnum):
@@ -21,6 +25,7 @@ class FailurePhase(StrEnum):
 
     CONNECT = "connect"
     REFUSED_STATUS = "refused_status"
+    MISCONFIGURED = "misconfigured"
     AMBIGUOUS_TIMEOUT = "ambiguous_timeout"
     AFTER_OUTPUT = "after_output"
     CLIENT_ERROR = "client_error"
@@ -35,6 +40,7 @@ class FailurePhase(StrEnum):
 _DESCRIPTIONS = {
     FailurePhase.CONNECT: "connect failed, or the connection was reset before a response",
     FailurePhase.REFUSED_STATUS: "429/502/503/504 before any output",
+    FailurePhase.MISCONFIGURED: "401/403/404 to what Nexus wrote: the target's credential or model",
     FailurePhase.AMBIGUOUS_TIMEOUT: "timeout after the request was sent",
     FailurePhase.AFTER_OUTPUT: "failed after output started",
     FailurePhase.CLIENT_ERROR: "4xx caused by the request",
@@ -50,13 +56,16 @@ def classify(
     output_started: bool,
     timed_out: bool,
     broken: bool = False,
+    rewritten: bool = False,
 ) -> FailurePhase | None:
     """Return the phase an attempt failed in, or None when it succeeded.
 
     connected: a connection to the target was established. request_sent: the whole request
     was written to it. status: the response status, None when none arrived. output_started: a
     byte of the answer reached the client. timed_out: the attempt ended by a timeout. broken:
-    the answer broke off (reset, protocol error) after its status arrived.
+    the answer broke off (reset, protocol error) after its status arrived. rewritten: Nexus
+    wrote the request's model and Authorization for this target (an OpenAI pool request, not a
+    /serve request forwarded as it came).
 
     First match wins:
     1. output_started: AFTER_OUTPUT if it timed out, broke or has a status >= 400 or none,
@@ -66,10 +75,12 @@ def classify(
        timeout while sending): CONNECT.
     4. 429, 502, 503, 504: REFUSED_STATUS (the target refused; a body that then broke
        changes nothing).
-    5. another 4xx: CLIENT_ERROR. 6. another 5xx: SERVER_ERROR.
-    7. a status below 400 whose body timed out or broke before any output: AFTER_OUTPUT (the
+    5. 401, 403, 404 to a rewritten request: MISCONFIGURED (the credential or the model id
+       that Nexus sent is wrong for the target; the caller's own request is not at fault).
+    6. another 4xx: CLIENT_ERROR. 7. another 5xx: SERVER_ERROR.
+    8. a status below 400 whose body timed out or broke before any output: AFTER_OUTPUT (the
        target had begun its answer, so it did the work).
-    8. otherwise: None.
+    9. otherwise: None.
     """
     if output_started:
         failed = timed_out or broken or status is None or status >= 400
@@ -80,6 +91,8 @@ def classify(
         return FailurePhase.CONNECT
     if status in REFUSED_STATUSES:
         return FailurePhase.REFUSED_STATUS
+    if rewritten and status in MISCONFIGURED_STATUSES:
+        return FailurePhase.MISCONFIGURED
     if 400 <= status < 500:
         return FailurePhase.CLIENT_ERROR
     if status >= 500:
@@ -91,7 +104,7 @@ def classify(
 
 def retryable(phase: FailurePhase) -> bool:
     """Return whether another target may be tried after a failure in this phase."""
-    return phase in (FailurePhase.CONNECT, FailurePhase.REFUSED_STATUS)
+    return phase in (FailurePhase.CONNECT, FailurePhase.REFUSED_STATUS, FailurePhase.MISCONFIGURED)
 
 
 def is_target_fault(phase: FailurePhase) -> bool:
@@ -156,7 +169,16 @@ def may_retry(
         return False, "not retried: retry budget exhausted"
     if phase is FailurePhase.REFUSED_STATUS:
         return True, f"retried: {status if status is not None else 'refused'} before output"
+    if phase is FailurePhase.MISCONFIGURED:
+        return True, f"retried: {misconfiguration(status)}"
     return True, "retried: connection failed before a response"
+
+
+def misconfiguration(status: int | None) -> str:
+    """Say in words what a MISCONFIGURED status tells about the target."""
+    if status == 404:
+        return "404: the target does not serve the model id it was given"
+    return f"{status}: the target rejects its credential"
 
 
 def _not_retryable_reason(phase: FailurePhase, status: int | None) -> str:

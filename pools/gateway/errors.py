@@ -281,6 +281,14 @@ def target_refused(target: str, status: int) -> GatewayError:
     )
 
 
+def target_misconfigured(target: str, what: str) -> GatewayError:
+    return GatewayError(
+        502,
+        f"Target '{target}' is misconfigured ({what}), and no other target could take the request.",
+        code="target_misconfigured",
+    )
+
+
 def target_timeout(target: str, which: str = "") -> GatewayError:
     """Say the target did not answer in time; `which` names the pool's timeout that passed."""
     detail = f": {which} passed" if which else ""

@@ -27,7 +27,12 @@ import httpx
 from nexus import upstream
 from pools.balancer import explain
 from pools.balancer.queue import QueueFull, QueueTimeout
-from pools.balancer.retry import FailurePhase, classify, is_target_fault
+from pools.balancer.retry import (
+    FailurePhase,
+    classify,
+    is_target_fault,
+    misconfiguration,
+)
 from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, Skipped, SkipReason
 from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
@@ -67,7 +72,6 @@ NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 NOT_DELIVERED_HEADER = "x-nexus-not-delivered"
 # A non-streaming answer up to this size is sent to the client in one piece.
 WHOLE_BODY_MAX_BYTES = 1024 * 1024
-REFUSED_STATUSES = frozenset({429, 502, 503, 504})
 # Ledger races (another process took the last slot between the decision and the acquire) are
 # retried this many times before the request waits in the queue.
 CLAIM_RACES = 3
@@ -123,7 +127,10 @@ class Flight:
     forward: Forward | None = None  # a /serve request; None for an OpenAI one built from payload
     arrived: float = field(default_factory=time.time)
     started: float = field(default_factory=time.monotonic)
-    decision: Decision | None = None
+    decision: Decision | None = None  # the latest: the last attempt's, or the one that found none
+    # The decision that chose each attempt's target, in order (attempts[i] went where
+    # decisions[i] said).
+    decisions: list[Decision] = field(default_factory=list)
     attempts: list[AttemptRow] = field(default_factory=list)
     queue_wait_s: float = 0.0
     ttft_s: float | None = None
@@ -133,9 +140,15 @@ class Flight:
     failure_reason: str = ""
     retries_held: int = 0  # retry-budget slots to give back
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens the answer reported
+    chunks: int = 0  # body chunks relayed from the answering target (a stream's, for Live)
 
     def history_row(self) -> HistoryRow:
         decision = self.decision.to_dict() if self.decision else {}
+        if len(self.decisions) > 1 or (self.decisions and self.decisions[-1] is not self.decision):
+            # Retried (or no target was left after a failure): each attempt's own ranking, which
+            # the latest decision shows only as "already tried". Built only then: the common
+            # request of one attempt pays nothing for it.
+            decision["per_attempt"] = [earlier.to_dict() for earlier in self.decisions]
         decision["request"] = {
             "kind": self.kind,
             "sticky_target_id": self.facts.sticky_target_id,
@@ -207,8 +220,10 @@ class Router:
                 flight.queue_wait_s,
                 flight.ttft_s,
                 time.monotonic() - flight.started,
+                flight.usage,
             )
-            self.state.end(pool, flight.retries_held, flight.history_row())
+            chunks = flight.chunks if flight.stream else 0
+            self.state.end(pool, flight.retries_held, flight.history_row(), chunks)
             if admission is not None and admission.refused is None:
                 used = sum(flight.usage) if flight.usage else 0
                 await asyncio.shield(self.state.settle(admission, used))
@@ -227,6 +242,8 @@ class Router:
                     raise failure from None
                 raise
             flight.target = target
+            if flight.decision is not None:
+                flight.decisions.append(flight.decision)
             claimed_at = time.monotonic()
             try:
                 failure = await self._attempt(send, flight, target, attempt)
@@ -353,6 +370,11 @@ class Router:
         not_delivered = target.on_node and response.headers.get(NOT_DELIVERED_HEADER) == "1"
         try:
             reason = ""
+            # Before a byte is relayed: a refusal or a misconfiguration moves the flight on.
+            early = classify(
+                connected=True, request_sent=True, status=status, output_started=False,
+                timed_out=False, rewritten=flight.forward is None,
+            )  # fmt: skip
             if not_delivered:
                 phase = FailurePhase.CONNECT
                 retried, reason = self._may_retry(flight, attempt, phase, status, delivered=False)
@@ -360,12 +382,23 @@ class Router:
                     reason = "retried: the node's agent says it never reached the replica"
                     self._record_attempt(flight, target, phase, status, retried, reason)
                     return errors.target_refused(target.name, status)
-            elif status in REFUSED_STATUSES:
-                phase = FailurePhase.REFUSED_STATUS
+            elif early is FailurePhase.REFUSED_STATUS:
+                phase = early
                 retried, reason = self._may_retry(flight, attempt, phase, status, delivered=True)
                 if retried:
                     self._record_attempt(flight, target, phase, status, retried, reason)
                     return errors.target_refused(target.name, status)
+            elif early is FailurePhase.MISCONFIGURED:
+                # The credential and model id are Nexus's, not the caller's: the caller hears
+                # that the target is misconfigured, never the target's own 401 or 404.
+                phase = early
+                retried, reason = self._may_retry(flight, attempt, phase, status, delivered=True)
+                what = misconfiguration(status)
+                self._record_attempt(flight, target, phase, status, retried, reason, why=what)
+                failure = errors.target_misconfigured(target.name, what)
+                if retried:
+                    return failure
+                raise failure
             timeouts = flight.pool.timeouts
             timer.expect(
                 timeouts.first_token_s - (time.monotonic() - sent_at),
@@ -415,10 +448,14 @@ class Router:
         status: int | None,
         retried: bool,
         reason: str,
+        why: str = "",
     ) -> None:
-        """Count one attempt once: in the target's passive health, the history and metrics."""
+        """Count one attempt once: in the target's passive health, the history and metrics.
+
+        why: what the failure says about the target, for the cause of an ejection it tips.
+        """
         ok = phase is None or not is_target_fault(phase)
-        self.state.record_outcome(target, ok, time.monotonic())
+        self.state.record_outcome(target, ok, time.monotonic(), why)
         flight.attempts.append(_attempt_row(target, phase, status, retried, reason))
         metrics.observe_attempt(flight.pool.slug, target.name, phase or "ok")
 
@@ -496,14 +533,16 @@ class Router:
                     chunks += 1
                     tail.append(chunk)
             except (httpx.HTTPError, asyncio.CancelledError) as exc:
-                broken = _relay_failure(exc, target, timer)
-                timed_out = broken.code == "target_timeout"
-                # Output already reached the client: no retry; end the stream with an error.
-                if is_sse:
-                    event = b"data: " + _stream_error(target, broken)
-                    await send(
-                        {"type": "http.response.body", "body": event + b"\n\n", "more_body": True}
-                    )
+                # The whole answer and its [DONE] came, then the connection closed without
+                # ending the body (llama-cpp-python's server does so): the answer is whole.
+                whole = isinstance(exc, httpx.HTTPError) and is_sse and _ended(tail)
+                if not whole:
+                    broken = _relay_failure(exc, target, timer)
+                    timed_out = broken.code == "target_timeout"
+                    # Output already reached the client: no retry; end the stream with an error.
+                    if is_sse:
+                        event = b"data: " + _stream_error(target, broken) + b"\n\n"
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             if not encoded:
                 flight.usage = read_usage(b"".join(tail))
@@ -555,6 +594,7 @@ class Router:
         """Record the final attempt: health, speed, continuity, the flight's outcome."""
         now = time.monotonic()
         flight.status = status
+        flight.chunks = chunks
         if phase is not None:
             reason = refusal or f"not retried: {phase.description}"
             self._record_attempt(flight, target, phase, status, False, reason)
@@ -687,6 +727,11 @@ def _upstream_failure(exc: httpx.HTTPError, target: TargetEntry) -> GatewayError
     if _timed_out(exc) and not isinstance(exc.__cause__, aiohttp.ConnectionTimeoutError):
         return errors.target_timeout(target.name)
     return errors.target_unreachable(target.name)
+
+
+def _ended(tail: deque[bytes]) -> bool:
+    """Return whether the last chunks relayed end with the stream's closing `data: [DONE]`."""
+    return b"".join(tail).rstrip().endswith(b"data: [DONE]")
 
 
 def _stream_error(target: TargetEntry, failure: GatewayError) -> bytes:

@@ -204,6 +204,7 @@ def _records(rows: list[HistoryRow]) -> list[RoutingRecord]:
         fields: dict[str, Any] = dict(row)
         if fields.get("target_id") not in target_ids:
             fields["target_id"] = None
+        fields["attempt_count"] = len(fields.get("attempts", ()))
         created_at = fields.get("created_at")
         if isinstance(created_at, int | float):
             fields["created_at"] = datetime.fromtimestamp(created_at, UTC)

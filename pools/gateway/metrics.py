@@ -30,6 +30,11 @@ REQUESTS = Counter(
 ATTEMPTS = Counter(
     "nexus_attempts", "Attempts sent to targets, by how far they got.", ["pool", "target", "phase"]
 )
+TOKENS = Counter(
+    "nexus_tokens",
+    "Tokens of answered requests, from the answer's usage, by kind (prompt or completion).",
+    ["pool", "target", "kind"],
+)
 QUEUE_WAIT = Histogram(
     "nexus_queue_wait_seconds",
     "Time waiting for a free slot.",
@@ -87,10 +92,18 @@ def observe_request(
     queue_wait_s: float | None,
     ttft_s: float | None,
     total_s: float,
+    usage: tuple[int, int] | None = None,
 ) -> None:
-    """Count a finished request and its timings (in seconds; None when it did not happen)."""
+    """Count a finished request, its timings (in seconds; None when it did not happen) and the
+    (prompt, completion) tokens its answer reported."""
     target = target or NO_TARGET
     _child(REQUESTS, pool, target, pool, target, outcome).inc()
+    if usage is not None:
+        prompt, completion = usage
+        if prompt:
+            _child(TOKENS, pool, target, pool, target, "prompt").inc(prompt)
+        if completion:
+            _child(TOKENS, pool, target, pool, target, "completion").inc(completion)
     if queue_wait_s is not None:
         _child(QUEUE_WAIT, pool, None, pool).observe(queue_wait_s)
     if ttft_s is not None:

@@ -34,6 +34,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from pools.balancer.health import CircuitReport
+from pools.gateway import counters
+from pools.gateway.counters import PoolCounts
 
 log = logging.getLogger(__name__)
 
@@ -191,20 +193,36 @@ class Publisher:
             socket_timeout=interval_s + REDIS_TIMEOUT_S,
             socket_connect_timeout=REDIS_TIMEOUT_S,
         )
+        self._prefix = prefix
         self._task: asyncio.Task[None] | None = None
         # Gateway processes publishing at the last publication, this one included; the ledger
         # divides capacity by it while Redis is away.
         self.live_processes = 1
 
-    def start(self, read: Callable[[str], GatewayReadings], affinity: Affinity) -> None:
-        """Publish `read(process)` every interval, and answer questions with `affinity`."""
+    def start(
+        self,
+        read: Callable[[str], GatewayReadings],
+        affinity: Affinity,
+        take_counts: Callable[[], dict[int, PoolCounts]] = dict,
+    ) -> None:
+        """Publish `read(process)` and add `take_counts()` every interval, and answer questions
+        with `affinity`."""
         if self._task is None:
-            self._task = asyncio.create_task(self._publish_forever(read, affinity))
+            self._task = asyncio.create_task(self._publish_forever(read, affinity, take_counts))
 
-    async def publish(self, readings: GatewayReadings) -> None:
-        """Write the reading and list the process as live until its TTL; raise RedisError."""
+    async def publish(
+        self, readings: GatewayReadings, counts: dict[int, PoolCounts] | None = None
+    ) -> None:
+        """Write the reading and list the process as live until its TTL, and add the counts to
+        their pools' current buckets (pools.gateway.counters); raise RedisError."""
         expires = readings.published_at + self._ttl_s
+        bucket = counters.bucket_of(readings.published_at)
         async with self._redis.pipeline(transaction=False) as pipe:
+            for pool_id, pool_counts in (counts or {}).items():
+                key = counters.counts_key(self._prefix, pool_id, bucket)
+                for name, n in pool_counts.fields().items():
+                    pipe.hincrby(key, name, n)
+                pipe.expire(key, counters.KEEP_S)
             pipe.set(self._key, encode(readings), px=int(self._ttl_s * 1000))
             pipe.zadd(self._index, {self.process: expires})
             # Processes that stopped without a word leave the index once their reading expired.
@@ -229,7 +247,10 @@ class Publisher:
         await self._redis.aclose()
 
     async def _publish_forever(
-        self, read: Callable[[str], GatewayReadings], affinity: Affinity
+        self,
+        read: Callable[[str], GatewayReadings],
+        affinity: Affinity,
+        take_counts: Callable[[], dict[int, PoolCounts]],
     ) -> None:
         # An outage is logged when it starts and when it ends, not at every attempt.
         lost = False
@@ -239,7 +260,8 @@ class Publisher:
             try:
                 if loop.time() >= due:
                     due = loop.time() + self.interval_s
-                    await self.publish(read(self.process))
+                    # Counts of a publication that fails are lost: Live shows a dip, not a lie.
+                    await self.publish(read(self.process), take_counts())
                     if lost:
                         log.info("gateway live state published again")
                         lost = False

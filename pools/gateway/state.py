@@ -31,6 +31,7 @@ from pools.balancer.retry import FailurePhase, RetryBudget, may_retry
 from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, TargetView
 from pools.balancer.strategies import decide
 from pools.gateway import metrics
+from pools.gateway.counters import LiveCounters
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
 from pools.gateway.history import HistoryRow, HistoryWriter
 from pools.gateway.ledger import Admission, Lease, LedgerStatus, LoadLedger, build_ledger
@@ -60,6 +61,7 @@ class GatewayState:
     ):
         self._ledger = ledger or build_ledger(processes=self._live_processes)
         self._history = history or HistoryWriter()
+        self._counters = LiveCounters()
         self._budget = budget or RetryBudget()
         self._publisher = publisher
         self._engine_loads = EngineLoads()
@@ -111,12 +113,24 @@ class GatewayState:
         """Count a request in progress in the pool (the retry budget is a share of them)."""
         self._active[pool.id] += 1
 
-    def end(self, pool: PoolEntry, retries_held: int, row: HistoryRow) -> None:
-        """Count the request out, give back its retry slots and keep its history row."""
+    def end(
+        self, pool: PoolEntry, retries_held: int, row: HistoryRow, streamed_chunks: int = 0
+    ) -> None:
+        """Count the request out, give back its retry slots, keep its history row and count it
+        for the Live page (a stream without `usage`: its chunks stand for its tokens)."""
         self._active[pool.id] -= 1
         for _ in range(retries_held):
             self._budget.release()
         self._history.record(row)
+        completion = row.get("completion_tokens")
+        self._counters.add(
+            pool.id,
+            row.get("target_id"),
+            row["outcome"],
+            row.get("ttft_ms"),
+            row.get("prompt_tokens"),
+            completion if completion is not None else streamed_chunks,
+        )
 
     async def admit(self, token_id: int, limits: TokenLimits) -> Admission:
         """Let a token's request through its limits, or say which one refuses it."""
@@ -206,9 +220,10 @@ class GatewayState:
             delivered=delivered,
         )
 
-    def record_outcome(self, target: TargetEntry, ok: bool, now: float) -> None:
-        """Count an attempt's verdict in the target's passive health."""
-        self._health.record(target.id, ok=ok, now=now, degraded=target.health is Health.DEGRADED)
+    def record_outcome(self, target: TargetEntry, ok: bool, now: float, why: str = "") -> None:
+        """Count an attempt's verdict in the target's passive health (why: see health.record)."""
+        degraded = target.health is Health.DEGRADED
+        self._health.record(target.id, ok=ok, now=now, degraded=degraded, why=why)
 
     def request_at_fault(
         self, pool: PoolEntry, target: TargetEntry, fingerprint: str, now: float
@@ -332,6 +347,7 @@ class GatewayState:
             self._publisher.start(
                 lambda process: self.readings(registry.snapshot, process),
                 lambda session, prefix: self.affinity(session, prefix, time.monotonic()),
+                self._counters.take,
             )
 
     async def aclose(self) -> None:

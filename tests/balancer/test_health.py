@@ -47,6 +47,17 @@ def test_it_ejects_a_target_after_3_consecutive_failures():
     )
 
 
+def test_the_cause_names_what_the_failure_that_ejected_it_said():
+    health = PassiveHealth()
+    for _ in range(3):
+        health.record(T, ok=False, now=1.0, why="401: the target rejects its credential")
+
+    assert health.explain(T, now=2.0) == (
+        "circuit open: 3 consecutive failures, the last: 401: the target rejects its credential;"
+        " half-open trial in 4.0 s"
+    )
+
+
 def test_a_success_resets_the_consecutive_failure_count():
     health = PassiveHealth()
     for ok in (False, False, True, False, False):

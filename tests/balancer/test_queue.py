@@ -72,8 +72,37 @@ def test_a_lone_token_may_fill_the_whole_queue():
     queue = filled(4, *[(ALICE, f"a{i}") for i in range(4)])
 
     assert queue.admit(ALICE, "a4") == QUEUE_FULL
-    assert queue.admit(BOB, "b1") == QUEUE_FULL
     assert len(queue) == 4
+
+
+def test_a_token_under_its_share_takes_the_place_of_the_newest_waiter_most_over_its_own():
+    # Alice filled the queue alone; Bob's first two requests each push out Alice's newest.
+    queue = filled(4, *[(ALICE, f"a{i}") for i in range(4)])
+
+    assert queue.victim(BOB) == "a3"
+    assert queue.admit(BOB, "b1") is None
+    assert queue.victim(BOB) == "a2"
+    assert queue.admit(BOB, "b2") is None
+    # Now each holds its share (2 of 4): the queue is full for both.
+    assert queue.victim(BOB) is None
+    assert queue.admit(BOB, "b3") == QUEUE_FULL
+    assert queue.admit(ALICE, "a4") == QUEUE_FULL
+    assert drain(queue) == ["a0", "b1", "a1", "b2"]
+
+
+def test_the_token_most_over_its_share_gives_up_a_place_first():
+    # 6 places: Alice waited alone with 5, then Bob came; Carol makes the share 2 each.
+    queue = filled(6, *[(ALICE, f"a{i}") for i in range(5)], (BOB, "b0"))
+
+    assert queue.victim(CAROL) == "a4"
+
+
+def test_no_place_is_taken_from_a_token_that_would_then_hold_no_more_than_the_newcomer():
+    # 3 places, Alice 2 and Bob 1: Bob's second would only trade places with Alice's second.
+    queue = filled(3, (ALICE, "a0"), (ALICE, "a1"), (BOB, "b0"))
+
+    assert queue.victim(BOB) is None
+    assert queue.admit(BOB, "b1") == QUEUE_FULL
 
 
 def test_it_refuses_a_token_over_its_fair_share_while_others_wait():
@@ -193,14 +222,49 @@ def test_it_keeps_its_invariants_under_any_sequence_of_operations(max_size, oper
             held = len(model.get(token_id, []))
             waiting = sum(1 for tickets in model.values() if tickets)
             tokens = waiting + (0 if held else 1)
+            share = max_size / tokens
+            victim = None
             if len(queue) >= max_size:
-                expected = QUEUE_FULL
-            elif tokens > 1 and held >= max(1, max_size // tokens):
+                # The newest ticket of the token most over its share (first in turn order on a
+                # tie) makes room for a token under its own.
+                over = [
+                    (len(model[other]) - share, other)
+                    for other in queue.waiting_by_token()
+                    if other != token_id
+                    and len(model[other]) > share
+                    and len(model[other]) >= held + 2
+                ]
+                if held < share and over:
+                    excess = max(e for e, _ in over)
+                    victim = model[next(o for e, o in over if e == excess)][-1]
+                expected = None if victim is not None else QUEUE_FULL
+            elif held >= share:
                 expected = OVER_FAIR_SHARE
             else:
                 expected = None
+            # The promise: a token with 2 requests is never refused while another token
+            # holds more than half the queue (of 4 places or more: in 3, a second request of a
+            # token holding 1 would only trade places with the other's second).
+            if (
+                max_size >= 4
+                and held < 2
+                and any(
+                    len(tickets) > max_size / 2
+                    for other, tickets in model.items()
+                    if other != token_id
+                )
+            ):
+                assert expected is None
+            assert queue.victim(token_id) == victim
             predicted = queue.ahead_of_new(token_id)
+            if victim is not None:
+                predicted -= 1 if queue.positions()[victim] <= predicted else 0
             assert queue.admit(token_id, ticket) == expected
+            if victim is not None:
+                for tickets in model.values():
+                    if victim in tickets:
+                        tickets.remove(victim)
+                admitted_at.pop(victim)
             if expected is None:
                 model.setdefault(token_id, []).append(ticket)
                 assert queue.positions()[ticket] == predicted + 1

@@ -15,7 +15,7 @@ from deployments.models import DeploymentState, NodeState
 from nexus.models import ApiToken
 from nexus.ui import badges, charts
 from nodes.models import NodeStatus, NodeTrust
-from pools.models import TargetHealth, TargetState
+from pools.models import RoutingOutcome, TargetHealth, TargetState
 from serving.models import RevisionState, RouteState, ServiceLifecycle
 from serving.tokens import TokenStatus
 from tests.nexus.factories import make_user
@@ -84,6 +84,7 @@ def test_a_badge_built_in_python_renders_the_same_way() -> None:
         ("revision", [{"state": v} for v in RevisionState.values]),
         ("deployment", [{"state": v} for v in [*NodeState.values, *DeploymentState.values]]),
         ("token", [{"state": v} for v in TokenStatus.values]),
+        ("outcome", [{"state": v} for v in RoutingOutcome.values]),
     ],
 )
 def test_every_stored_state_has_a_badge(kind: str, values: list[dict[str, str]]) -> None:
@@ -208,7 +209,10 @@ def test_the_navigation_marks_the_current_area_and_shows_missing_ones_as_soon(
     assert '<a href="/serving/models/" aria-current="page">Model folders</a>' in page
     assert '<a href="/serving/services/">Services</a>' in page
     assert '<a href="/tokens/">Tokens</a>' in page
-    for name in ["Live", "History", "Model store", "Chat", "Projects"]:
+    assert '<a href="/store/">Model store</a>' in page
+    assert '<a href="/history/">History</a>' in page
+    assert '<a href="/live/">Live</a>' in page
+    for name in ["Projects"]:
         assert f'<span class="soon" aria-disabled="true">{name} <small' in page
     assert "UI kit" not in page  # staff only
 

@@ -62,6 +62,7 @@ ENGINES: dict[str, dict[str, Any]] = {
     "c2": {"ttft_ms": 0, "tpot_ms": 20},
     "c3": {"ttft_ms": 0, "tpot_ms": 20},
     "slow": {"ttft_ms": 0, "tpot_ms": 40},
+    "locked": {"ttft_ms": 0, "tpot_ms": 1, "api_key": "sk-engine"},
 }
 
 
@@ -138,9 +139,8 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
         created = make_pool(slug, **fields)
         for position, (name, engine, extra) in enumerate(targets):
             url = closed_port_url if engine == "closed" else engines[engine].base_url
-            target = make_target(
-                created, name, base_url=url, model_id="demo-8b", position=position, **extra
-            )
+            fields = {"model_id": "demo-8b", "position": position, **extra}
+            target = make_target(created, name, base_url=url, **fields)
             ids[(slug, name)] = target.pk
 
     backup = {"priority": 2}
@@ -155,6 +155,14 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
     # Ejection uncapped, so that the lone target's circuit really opens.
     pool("refused-alone", [("refusing", "faulty", {})], max_attempts=1, max_ejection_percent=100)
     pool("ejection", [("failing", "faulty", {}), ("good", "good", backup)])
+    # Misconfigured targets: a model id the engine does not serve, a credential it rejects.
+    misnamed = {"model_id": "not-served"}
+    pool("wrong-model", [("misnamed", "good", misnamed), ("good", "good", backup)])
+    pool(
+        "wrong-key", [("rejecting", "locked", {"credential": "sk-wrong"}), ("good", "good", backup)]
+    )
+    pool("right-key", [("accepting", "locked", {"credential": "sk-engine"})])
+    pool("misnamed-alone", [("misnamed", "good", misnamed)], max_ejection_percent=100)
     # Drain: round robin, so that both targets get traffic while both are active.
     for slug in ("drain", "resume"):
         pool(
@@ -170,6 +178,7 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
         pool(slug, [("only", "slow", {"capacity_weight": 1})], max_queue=2)
     pool("queue-fair", [("only", "slow", {"capacity_weight": 1})], max_queue=20)
     pool("queue-share", [("only", "slow", {"capacity_weight": 1})], max_queue=4)
+    pool("queue-pushed", [("only", "slow", {"capacity_weight": 1})], max_queue=4)
     # One slot for chat, and an idle one for embeddings only.
     for slug in ("queue-kinds", "queue-kinds-order"):
         pool(
@@ -288,6 +297,26 @@ def test_a_connect_failure_moves_the_request_to_the_other_target(world: World) -
     ]  # fmt: skip
 
 
+def test_the_history_of_a_retried_request_keeps_the_decision_of_each_attempt(
+    world: World,
+) -> None:
+    answer = world.chat("connect-retry")
+
+    record = world.record(answer)
+    first, second = record.decision["per_attempt"]
+    unreachable = world.target_id("connect-retry", "unreachable")
+    good = world.target_id("connect-retry", "good")
+    assert record.attempt_count == 2
+    assert first["target_id"] == record.attempts[0]["target_id"]
+    # Tier 1 holds the unreachable target alone; the retry's ranking is tier 2's.
+    assert [ranked["target_id"] for ranked in first["ranking"]] == [unreachable]
+    assert first["ranking"][0]["factors"]
+    assert second["target_id"] == good
+    assert [(skip["target_id"], skip["reason"]) for skip in second["skipped"]] == [
+        (unreachable, "already tried")
+    ]
+
+
 @pytest.mark.parametrize("status", [429, 503])
 def test_a_refusal_before_output_moves_the_request_to_the_other_target(
     world: World, status: int
@@ -353,6 +382,21 @@ def test_a_stream_cut_after_output_started_ends_with_an_error_event_and_is_not_r
             "cut", "cutting", "after_output", 200, False, "not retried: failed after output started"
         )
     ]
+
+
+def test_a_stream_whose_connection_closes_after_its_done_is_whole_not_broken(
+    world: World,
+) -> None:
+    # As llama-cpp-python's server: the whole answer and [DONE], then no end to the body.
+    with faults(world.engines["faulty"], cut_stream_after=5):
+        answer = world.chat("cut", max_tokens=5, stream=True)
+
+    record = world.record(answer)
+    assert (answer.status, answer.target) == (200, "cutting")
+    assert len(contents(answer)) == 5
+    assert answer.events[-1] == "[DONE]"
+    assert record.outcome == "ok"
+    assert record.attempts == [world.attempt("cut", "cutting", "ok", 200, False, "ok")]
 
 
 def test_a_client_error_from_the_engine_is_relayed_as_is_and_not_retried(world: World) -> None:
@@ -428,6 +472,64 @@ def test_a_target_that_refuses_is_ejected_after_its_third_failed_request_not_its
         "param": None,
         "code": "no_target_available",
     }
+
+
+# --- Misconfigured targets ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pool", "target", "status", "what"),
+    [
+        (
+            "wrong-model",
+            "misnamed",
+            404,
+            "404: the target does not serve the model id it was given",
+        ),
+        ("wrong-key", "rejecting", 401, "401: the target rejects its credential"),
+    ],
+)
+def test_a_misconfigured_target_is_the_targets_fault_and_the_request_is_served_by_another(
+    world: World, pool: str, target: str, status: int, what: str
+) -> None:
+    answer = world.chat(pool)
+
+    assert (answer.status, answer.target, answer.attempts) == (200, "good", 2), answer.content
+    assert world.record(answer).attempts == [
+        world.attempt(pool, target, "misconfigured", status, True, f"retried: {what}"),
+        world.attempt(pool, "good", "ok", 200, False, "ok"),
+    ]
+
+
+def test_the_right_credential_is_accepted_by_the_same_engine(world: World) -> None:
+    answer = world.chat("right-key")
+
+    assert (answer.status, answer.target) == (200, "accepting"), answer.content
+
+
+def test_a_target_alone_with_a_wrong_model_id_answers_502_and_is_ejected_naming_why(
+    world: World,
+) -> None:
+    answers = [world.chat("misnamed-alone") for _ in range(4)]
+
+    what = "404: the target does not serve the model id it was given"
+    # The caller, whose request is fine, never hears the target's own 404.
+    assert [(a.status, a.error()["code"]) for a in answers[:3]] == [
+        (502, "target_misconfigured")
+    ] * 3
+    assert answers[0].error()["message"] == (
+        f"Target 'misnamed' is misconfigured ({what}), and no other target could take the request."
+    )
+    assert world.record(answers[0]).attempts == [
+        world.attempt("misnamed-alone", "misnamed", "misconfigured", 404, True, f"retried: {what}")
+        | {"retried": False, "reason": "not retried: no other target can take it"}
+    ]
+    # The third failure ejected it, and the cause says what it answered.
+    assert (answers[3].status, answers[3].error()["code"]) == (503, "no_target_available")
+    [skipped] = world.record(answers[3]).decision["skipped"]
+    assert skipped["detail"].startswith(
+        f"circuit open: 3 consecutive failures, the last: {what}; half-open trial in"
+    )
 
 
 # --- Ejection and recovery ----------------------------------------------------------------------
@@ -735,6 +837,8 @@ def test_the_history_of_a_client_that_left_the_queue_says_how_long_it_waited(
     assert 250 <= record.queue_wait_ms < 1000
 
 
+# The arrival order is made by sleeps between the requests: it needs the CPU to itself.
+@pytest.mark.serial
 def test_the_queue_serves_a_lone_request_of_another_token_before_a_busy_tokens_backlog(
     world: World,
 ) -> None:
@@ -771,6 +875,30 @@ def test_a_token_over_its_fair_share_of_the_queue_gets_429_while_another_token_w
     assert refused.error()["code"] == "queue_full"
     assert "(token over its fair share)" in refused.error()["message"]
     assert [answer.status for answer in served] == [200] * 4
+
+
+# The arrival order is made by sleeps between the requests: it needs the CPU to itself.
+@pytest.mark.serial
+def test_a_token_that_filled_the_queue_alone_gives_up_its_newest_place_to_another_token(
+    world: World,
+) -> None:
+    with ThreadPoolExecutor(max_workers=8) as executor:
+        holder = hold_slot(executor, world, "queue-pushed", tokens=25)
+        backlog = []
+        for _ in range(4):  # A alone fills the queue's 4 places
+            backlog.append(executor.submit(world.chat, "queue-pushed", max_tokens=2))
+            time.sleep(0.1)  # so that the last is the newest
+        lone = executor.submit(world.chat, "queue-pushed", max_tokens=2, token=world.other_token)
+
+        pushed_out = backlog[-1].result()
+        served = [future.result() for future in (lone, *backlog[:-1], holder)]
+
+    # B, under its share (2 of 4), got in; A's newest waiter, over its share, gave up its place.
+    assert pushed_out.status == 429
+    assert pushed_out.error()["code"] == "queue_full"
+    assert "(token over its fair share)" in pushed_out.error()["message"]
+    assert int(pushed_out.headers["retry-after"]) >= 1
+    assert [answer.status for answer in served] == [200] * 5
 
 
 def test_an_embeddings_request_is_not_held_behind_chat_requests_waiting_for_the_chat_slot(

@@ -346,6 +346,20 @@ def test_the_history_filters_by_target(teammate: APIClient, two_pools: tuple[Poo
 
 
 @pytest.mark.django_db
+def test_the_history_filters_retried_and_queued_requests_by_kind(teammate: APIClient) -> None:
+    pool = make_pool("chat")
+    make_record(pool, 1, attempts=[{}, {}], attempt_count=2, queue_wait_ms=10.0)
+    make_record(pool, 2, attempt_count=1, queue_wait_ms=900.0)
+    make_record(pool, 3, kind="embeddings", attempt_count=1)
+
+    assert listed(teammate, "?min_attempts=2") == [1]
+    assert listed(teammate, "?queued_over_ms=500") == [2]
+    assert listed(teammate, "?kind=embeddings") == [3]
+    record = teammate.get(f"/api/v1/history/{1:032x}/").json()
+    assert record["attempt_count"] == 2
+
+
+@pytest.mark.django_db
 def test_the_history_refuses_filters_it_cannot_read(teammate: APIClient) -> None:
     response = teammate.get("/api/v1/history/?outcome=fine&since=yesterday&token=me")
 

@@ -60,6 +60,20 @@ def test_observed_requests_appear_with_their_pool_target_and_outcome(pool: str) 
     assert samples["nexus_request_duration_seconds_count", labels(pool=pool, target="")] == 1
 
 
+def test_prompt_and_completion_tokens_are_counted_per_pool_and_target(pool: str) -> None:
+    metrics.observe_request(pool, "gpu-1", "ok", 0.0, 0.1, 0.5, usage=(12, 30))
+    metrics.observe_request(pool, "gpu-1", "ok", 0.0, 0.1, 0.5, usage=(8, 2))
+    metrics.observe_request(pool, "gpu-2", "ok", 0.0, 0.1, 0.5, usage=None)
+
+    samples = scrape()
+
+    prompt = labels(pool=pool, target="gpu-1", kind="prompt")
+    completion = labels(pool=pool, target="gpu-1", kind="completion")
+    assert samples["nexus_tokens_total", prompt] == 20
+    assert samples["nexus_tokens_total", completion] == 32
+    assert ("nexus_tokens_total", labels(pool=pool, target="gpu-2", kind="prompt")) not in samples
+
+
 def test_attempts_in_flight_and_queue_appear(pool: str) -> None:
     metrics.observe_attempt(pool, "gpu-1", "connect")
     metrics.observe_attempt(pool, "gpu-1", "connect")

@@ -515,6 +515,11 @@ class SimulatorApi:
                 f'data: {{{envelope},"choices":[],"usage":{_encode(usage)}}}\n\n'.encode()
             )
         pending.append(_DONE)
+        if cut_after == generation.max_tokens:
+            # The whole answer, then no end to the chunked body: llama-cpp-python's server
+            # closes its streams so.
+            await self._cut(request, response, pending)
+            return
         await response.write(b"".join(pending))
         await response.write_eof()
 
