@@ -13,17 +13,22 @@ tick and no frame.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
 from nexus import live
+from nexus.models import ApiToken
 from serving import services, tokens
 from serving.forms import ServiceTokenForm
-from serving.models import Route, RouteState, Service, ServiceLifecycle
+from serving.models import Revision, Route, RouteState, Service, ServiceLifecycle
+
+logger = logging.getLogger(__name__)
 
 SERVICE_LIST = "serving/service_list.html"
 SERVICE_ROW = f"{SERVICE_LIST}#service-row"
@@ -37,8 +42,12 @@ STAFF: live.Audience = "manage"
 CATCH_UP_DESTROYED = timedelta(hours=1)
 # Pushes remembered per process to skip unchanged ones; past this, the memory starts over.
 REMEMBERED_PUSHES = 2000
+# A service page's cards are rendered again at least this often, facts moved or not.
+CARDS_AT_LEAST_EVERY_S = 10.0
 
 _last_pushed: dict[tuple[str, int], str] = {}
+# By service: the facts its cards were last rendered from, and when (time.monotonic()).
+_cards_seen: dict[int, tuple[Any, float]] = {}
 
 
 def listed_services(found: QuerySet[Service]) -> QuerySet[Service]:
@@ -152,21 +161,62 @@ def service_topic(service_id: int) -> str:
 def service_cards(service_id: int, audience: live.Audience) -> str:
     """Return the service page's live cards as the audience sees them now, for a push."""
     service = services.find_by_pk(service_id)
-    if service is None:
-        return ""
+    if service is None or service.latest_revision is None:
+        return ""  # gone, or not yet made (a service is created with its first revision)
     return live.fragment(SERVICE_LIVE, service_context(service, audience))
+
+
+def after_tick(service_id: int) -> None:
+    """Push what a reconciler or health tick changed; a failed push never fails the tick."""
+    try:
+        service_changed(service_id)
+    except Exception:
+        logger.exception("could not push service %s to its pages", service_id)
 
 
 def service_changed(service_id: int) -> None:
     """Push the service's row to staff's open list pages and its cards to its open pages,
-    each only if it reads differently from the one this process pushed last."""
+    each only if it reads differently from the one this process pushed last.
+
+    The cards take a dozen queries per audience, so they are rendered only when the facts they
+    show moved (`_facts`) or CARDS_AT_LEAST_EVERY_S passed (relative times, token expiry).
+    """
     row = rendered_rows(Q(pk=service_id))
     if row and _changed(("row", service_id), row):
         live.push(SERVICES_TOPIC, f"service-{service_id}", row, audience=STAFF)
+    facts = _facts(service_id)
+    now = time.monotonic()
+    seen, at = _cards_seen.get(service_id, (None, float("-inf")))
+    if facts == seen and now - at < CARDS_AT_LEAST_EVERY_S:
+        return
+    _cards_seen[service_id] = (facts, now)
     for audience in live.AUDIENCES:
         cards = service_cards(service_id, audience)
         if cards and _changed((audience, service_id), cards):
             live.push(service_topic(service_id), "cards", cards, audience=audience)
+
+
+def _facts(service_id: int) -> tuple[Any, ...]:
+    """Return, in three small queries, what moves when the service page's cards would read
+    differently: the service, its revisions' states, its routes' latest change, and the
+    tokens' latest issue or revocation (any token's: cheap, and rare)."""
+    found = (
+        Service.objects.filter(pk=service_id)
+        .annotate(routes_changed=Max("routes__updated_at"), route_count=Count("routes"))
+        .values_list(
+            "updated_at",
+            "lifecycle",
+            "status_message",
+            "latest_revision_id",
+            "running_revision_id",
+            "routes_changed",
+            "route_count",
+        )
+        .first()
+    )
+    states = tuple(Revision.objects.filter(service_id=service_id).values_list("id", "state"))
+    issued = ApiToken.objects.aggregate(Max("created_at"), Max("revoked_at"))
+    return (found, states, tuple(issued.values()))
 
 
 def _changed(key: tuple[str, int], html: str) -> bool:

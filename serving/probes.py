@@ -89,7 +89,7 @@ def probe_due_routes(now: datetime | None = None) -> dict[str, int]:
         except PoolConflict as conflict:
             # The reconciler reports it on the service; the other services still get synced.
             log.warning("cannot sync the pool of %s: %s", service, conflict)
-        live.service_changed(service.pk)
+        live.after_tick(service.pk)
     return {"probed": len(probes), "services_synced": len(to_sync)}
 
 

@@ -188,7 +188,7 @@ def reconcile(service: Service) -> str:
         with suppress(LockError, RedisError):
             lock.release()
         # Open pages show what the tick made of it (a row is pushed only when it changed).
-        live.service_changed(service.pk)
+        live.after_tick(service.pk)
 
 
 def rollout_deadline_s(revision: Revision) -> float:

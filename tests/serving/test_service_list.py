@@ -163,6 +163,7 @@ def test_a_destroyed_service_is_found_under_destroyed_by_its_name() -> None:
 def nothing_pushed_yet() -> None:
     """Forget the rows an earlier test pushed (ids repeat between tests)."""
     serving_live._last_pushed.clear()
+    serving_live._cards_seen.clear()
 
 
 @pytest.fixture

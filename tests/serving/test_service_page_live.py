@@ -31,8 +31,10 @@ def data_dir(settings: Settings, tmp_path: Path) -> Path:
 def nothing_pushed_yet() -> Iterator[None]:
     """Forget the fragments an earlier test pushed (ids repeat between tests)."""
     serving_live._last_pushed.clear()
+    serving_live._cards_seen.clear()
     yield
     serving_live._last_pushed.clear()
+    serving_live._cards_seen.clear()
 
 
 def path_of(service: Service) -> str:
