@@ -13,12 +13,14 @@ from django.utils.text import slugify
 from nodes.models import Node
 from nodes.runtimes import RUNTIMES, Parameter, Runtime
 from serving import services
+from serving.autoscaling import PRESETS_BY_KEY, Condition, MetricSource, step_sign, with_preset
 from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.launch import COMMAND_SETTINGS, MAX_CLUSTER_SIZE, LaunchProblem
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
     SERVICE_DEFINITION_NAME,
+    AutoScalingRule,
     FolderUsage,
     ModelFolder,
     ResourceGroup,
@@ -504,6 +506,94 @@ class ServiceTokenForm(forms.Form):
         """Return when the token stops working: the start of the day after the chosen one."""
         following = self.cleaned_data["expires_on"] + timedelta(days=1)
         return timezone.make_aware(datetime.combine(following, time.min))
+
+
+class AutoScalingRuleForm(forms.ModelForm):
+    """The autoscaling rule editor: the document's fields, in its order."""
+
+    # The preset whose values the editor last filled in: a redraw fills a preset's values only
+    # when it was just chosen, so that a query edited afterwards is kept.
+    applied_preset = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    class Meta:
+        model = AutoScalingRule
+        fields = [
+            "metric_source",
+            "metric_name",
+            "prometheus_preset",
+            "prometheus_query",
+            "condition",
+            "min_threshold",
+            "max_threshold",
+            "step_size",
+            "cooldown_s",
+            "min_replicas",
+            "max_replicas",
+            "aggregation",
+            "window_s",
+        ]
+        labels = {
+            "prometheus_preset": "Metric name (Prometheus preset)",
+            "prometheus_query": "Query",
+            "cooldown_s": "Cooldown (s)",
+            "window_s": "Window (s)",
+        }
+        widgets = {
+            "metric_source": forms.RadioSelect,
+            "condition": forms.RadioSelect,
+            "metric_name": forms.TextInput(attrs={"list": "kernel-metrics"}),
+            "prometheus_query": forms.Textarea(attrs={"rows": 2}),
+        }
+
+    def __init__(self, *args: Any, service: Service, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instance.service = service
+        if "applied_preset" not in self.initial:
+            self.initial["applied_preset"] = self.instance.prometheus_preset
+        preset = cast("forms.ChoiceField", self.fields["prometheus_preset"])
+        for name in ("metric_source", "condition"):
+            radios = cast("forms.ChoiceField", self.fields[name])
+            # Radio buttons need no "---------" choice: the field is required.
+            choices = cast("list[tuple[str, str]]", radios.choices)
+            radios.choices = [(value, label) for value, label in choices if value]
+        presets = [(p.key, p.label) for p in PRESETS_BY_KEY.values()]
+        preset.choices = [("", "— none (write the query) —"), *presets]
+
+    @property
+    def step_text(self) -> str:
+        """Return the step as the rule list shows it, signed by the condition: "±1"."""
+        condition = str(self["condition"].value() or "")
+        step = str(self["step_size"].value() or "")
+        if condition not in Condition.__members__.values():
+            return step
+        return f"{step_sign(condition)}{step}"
+
+    @property
+    def is_prometheus(self) -> bool:
+        source = self["metric_source"].value()
+        return str(source) == MetricSource.PROMETHEUS
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        # A preset fills what the editor left empty (the API does the same).
+        return with_preset(cleaned, keep=["cooldown_s"])
+
+
+def preset_filled(
+    data: Any, service: Service, instance: AutoScalingRule | None
+) -> AutoScalingRuleForm:
+    """Return the editor redrawn for a changed source, preset, condition or step: a preset
+    just chosen fills its metric name, query and cooldown; no errors are shown yet."""
+    values = {name: data.get(name, "") for name in AutoScalingRuleForm.Meta.fields}
+    preset = PRESETS_BY_KEY.get(values["prometheus_preset"])
+    values["applied_preset"] = values["prometheus_preset"]
+    chosen_now = values["prometheus_preset"] != data.get("applied_preset", "")
+    if preset is not None and chosen_now and values["metric_source"] == MetricSource.PROMETHEUS:
+        values["metric_name"] = preset.metric
+        values["prometheus_query"] = preset.query
+        if preset.cooldown_s is not None:
+            values["cooldown_s"] = str(preset.cooldown_s)
+    return AutoScalingRuleForm(initial=values, instance=instance, service=service)
 
 
 class StoreDeployForm(forms.Form):

@@ -58,7 +58,7 @@ RESOLVED_FIELDS = (
 # What a revision is made of; a change to any of them makes a new revision.
 LAUNCH_FIELDS = (*RESOLVED_FIELDS, "resource_group", "preset", "resource_slots")
 # The service's own settings: changing them makes no revision.
-SERVICE_FIELDS = ("desired_replicas", "open_to_public")
+SERVICE_FIELDS = ("desired_replicas", "open_to_public", "scale_to_zero_after_s")
 FINISHED_ROUTES_SHOWN = 20
 # Live: a process that takes, or is about to take, requests; a failed route waiting for its
 # replacement is not, nor is one terminated. Deleting the service stops these.
@@ -247,6 +247,7 @@ def update_service(service: Service, *, actor: User | None = None, **changes: An
     if problems:
         raise ServiceError(problems)
     public = bool(changes.get("open_to_public", service.open_to_public))
+    idle_s = changes.get("scale_to_zero_after_s", service.scale_to_zero_after_s)
     with transaction.atomic():
         # The row lock serialises revision numbers between concurrent updates.
         locked = Service.objects.select_for_update().get(pk=service.pk)
@@ -264,6 +265,7 @@ def update_service(service: Service, *, actor: User | None = None, **changes: An
             locked.latest_revision = revision
         locked.desired_replicas = replicas
         locked.open_to_public = public
+        locked.scale_to_zero_after_s = idle_s
         locked.save()
     service.refresh_from_db()
     assert service.latest_revision is not None

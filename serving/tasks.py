@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from serving import probes, reconciler, trials
+from serving import probes, reconciler, scaling, trials
 
 
 @shared_task(ignore_result=True)
@@ -23,3 +23,15 @@ def probe_routes() -> dict[str, int]:
 def run_trial(trial_id: int) -> str:
     """Run one Validate trial to its verdict; return its state."""
     return trials.run_trial(trial_id)
+
+
+@shared_task(ignore_result=True)
+def autoscale() -> dict[str, int]:
+    """Run one autoscaling cycle over every service with rules; return how many did what."""
+    return scaling.autoscale_all()
+
+
+@shared_task(ignore_result=True)
+def wake() -> int:
+    """Wake the services scaled to zero that a request waits for; return how many woke."""
+    return scaling.wake_sleeping()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from serving import views
+from serving import autoscaling_views, views
 
 app_name = "serving"
 urlpatterns = [
@@ -43,6 +43,36 @@ urlpatterns = [
         "services/<slug:name>/routes/<int:route_id>/",
         views.route_detail,
         name="route_detail",
+    ),
+    path(
+        "services/<slug:name>/autoscaling/rules/",
+        autoscaling_views.autoscaling_rules,
+        name="autoscaling_rules",
+    ),
+    path(
+        "services/<slug:name>/autoscaling/rules/new/",
+        autoscaling_views.autoscaling_rule_new,
+        name="autoscaling_rule_new",
+    ),
+    path(
+        "services/<slug:name>/autoscaling/rules/<int:rule_id>/edit/",
+        autoscaling_views.autoscaling_rule_edit,
+        name="autoscaling_rule_edit",
+    ),
+    path(
+        "services/<slug:name>/autoscaling/rules/<int:rule_id>/delete/",
+        autoscaling_views.autoscaling_rule_delete,
+        name="autoscaling_rule_delete",
+    ),
+    path(
+        "services/<slug:name>/autoscaling/preview/",
+        autoscaling_views.autoscaling_preview,
+        name="autoscaling_preview",
+    ),
+    path(
+        "services/<slug:name>/autoscaling/events/",
+        autoscaling_views.scale_events,
+        name="scale_events",
     ),
     path(
         "services/<slug:name>/routes/<int:route_id>/clear-errors/",

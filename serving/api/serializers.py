@@ -15,6 +15,7 @@ from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
+    MIN_IDLE_S,
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
@@ -291,6 +292,7 @@ class ServiceSerializer(serializers.ModelSerializer):
             "desired_replicas",
             "ready_replicas",
             "open_to_public",
+            "scale_to_zero_after_s",
             "runtime_variant",
             "latest_revision",
             "running_revision",
@@ -449,6 +451,13 @@ class ServiceUpdateSerializer(LaunchFieldsSerializer):
 
     open_to_public = serializers.BooleanField(required=False)
     desired_replicas = serializers.IntegerField(required=False, help_text="0 to 64.")
+    scale_to_zero_after_s = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=MIN_IDLE_S,
+        help_text="Scale to 0 replicas after this many idle seconds (a request wakes it); "
+        "null: never.",
+    )
 
 
 class ProblemSerializer(serializers.Serializer):

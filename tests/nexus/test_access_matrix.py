@@ -27,6 +27,7 @@ from nexus.models import ApiToken, Project
 from pools.models import RoutingRecord, Target
 from serving import folders, services
 from serving.models import (
+    AutoScalingRule,
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
@@ -95,6 +96,12 @@ def everyone_signed_in(done: int, *, read_token: int) -> dict[Persona, int]:
     }
 
 
+RULE = {
+    "metric_source": "kernel",
+    "metric_name": "cpu_util",
+    "condition": "scale_out",
+    "max_threshold": 80,
+}
 # (URL name, method) → (body, expected status per persona). Bodies are valid where a valid body
 # lets the permission decide; an invalid one shows the caller got past it (400).
 ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
@@ -179,6 +186,20 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
     ("service-token-list", "get"): (None, reads(detail=True)),
     ("service-token-list", "post"): ("service-token", writes(201)),
     ("service-token-detail", "delete"): (None, writes(204)),
+    # A service's autoscaling rules and scale events: as the service.
+    ("autoscaling-rule-list", "get"): (None, reads(detail=True)),
+    ("autoscaling-rule-list", "post"): (RULE, writes(201)),
+    ("autoscaling-rule-detail", "get"): (None, reads(detail=True)),
+    ("autoscaling-rule-detail", "put"): (RULE, writes(200)),
+    ("autoscaling-rule-detail", "patch"): ({"max_threshold": 9}, writes(200)),
+    ("autoscaling-rule-detail", "delete"): (None, writes(204)),
+    # The preview runs a query and changes nothing: whoever sees the service.
+    ("autoscaling-rule-preview", "post"): (
+        {"prometheus_preset": "vllm-requests-waiting"},
+        reads(detail=True) | {P.ADMIN_READ_TOKEN: 403},
+    ),
+    ("scale-event-list", "get"): (None, reads(detail=True)),
+    ("autoscaling-presets", "get"): (None, fleet_reads()),
     # The fleet.
     ("node-list", "get"): (None, fleet_reads()),
     ("node-list", "post"): ({"name": "gpu-b", "address": NOWHERE}, fleet_writes(400)),
@@ -277,6 +298,7 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
         port=41001,
         state=RouteState.UNHEALTHY,
     )
+    rule = AutoScalingRule.objects.create(service=service, **RULE)
     service_token, _ = issue_service_token(
         service, name="app", expires_at=timezone.now() + timedelta(days=1)
     )
@@ -303,6 +325,8 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
             "model-folder-file": folder_kwargs | {"path": "config.json"},
             "service": {"name": "svc", "route_id": str(route.pk)},
             "service-token": {"service_name": "svc", "pk": str(service_token.pk)},
+            "autoscaling-rule": {"service_name": "svc", "pk": str(rule.pk)},
+            "scale-event": {"service_name": "svc"},
             "node": {"name": "gpu-a"},
             "deployment": {"pk": str(deployment.pk)},
             "resource-group": {"name": "rg"},

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('serving', '0005_trials'),
+        ('serving', '0007_trials'),
     ]
 
     operations = [

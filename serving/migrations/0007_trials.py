@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('nodes', '0001_initial'),
-        ('serving', '0004_revision_folder_name_and_image'),
+        ('serving', '0006_scale_to_zero'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
