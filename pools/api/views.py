@@ -20,12 +20,12 @@ from pools.api.serializers import (
     DryRunSerializer,
     HistoryFilterSerializer,
     PoolSerializer,
+    PoolValidateSerializer,
     RoutingRecordDetailSerializer,
     RoutingRecordSerializer,
     TargetSerializer,
     TokenUsageSerializer,
     UsageFilterSerializer,
-    PoolValidateSerializer,
     visible_pools,
 )
 from pools.models import Pool, RoutingRecord, Target, TokenUsage
