@@ -147,6 +147,10 @@ class Pool(ConfigInput):
                 raise ValidationError({"slug": "A pool's slug cannot change: apps call it."})
 
 
+# A target's drain state, as the API schema names it (nexus/settings.py ENUM_NAME_OVERRIDES).
+TARGET_STATES = choices_of(TargetState)
+
+
 class Target(ConfigInput):
     """One model endpoint in a pool, with its own capacity, priority and credential."""
 
@@ -187,7 +191,7 @@ class Target(ConfigInput):
     enabled = models.BooleanField(default=True)
     state = models.CharField(
         max_length=16,
-        choices=choices_of(TargetState),
+        choices=TARGET_STATES,
         default=TargetState.ACTIVE,
         help_text="Draining takes no new requests; drained has none left. Resume to serve again.",
     )

@@ -482,6 +482,32 @@ def drain_finished(target_id: int, grace_s: float) -> bool:
     return (timezone.now() - target.state_changed_at).total_seconds() >= grace_s
 
 
+def pool_activity(pool_id: int) -> tuple[int, datetime | None]:
+    """Return the requests in the pool now (queued or in flight, over every live gateway) and
+    when its latest finished request arrived (None: never, or pruned from history)."""
+    targets = list(Target.objects.filter(pool_id=pool_id).values_list("pk", flat=True))
+    state = live.live_state(targets)
+    busy = state.queued.get(pool_id, 0) + sum(
+        reading.in_flight for reading in state.targets.values()
+    )
+    last = (
+        RoutingRecord.objects.filter(pool_id=pool_id)
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    return busy, last
+
+
+def queued_requests() -> dict[int, int]:
+    """Return how many requests wait in each pool's queue, over every live gateway."""
+    queued: dict[int, int] = {}
+    for reading in live.gateway_readings():
+        for pool_id, waiting in reading.queued.items():
+            queued[pool_id] = queued.get(pool_id, 0) + waiting
+    return queued
+
+
 def drop_managed_pool(pool_id: int) -> None:
     """Delete a managed pool with its targets (its service is gone)."""
     Pool.objects.filter(pk=pool_id, managed=True).delete()

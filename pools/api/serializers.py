@@ -301,7 +301,7 @@ class DryRunSerializer(serializers.Serializer):
     )
 
 
-class ValidateSerializer(serializers.Serializer):
+class PoolValidateSerializer(serializers.Serializer):
     """What Validate should do beyond asking: a one-token request per kind (real inference)."""
 
     probe_kinds = serializers.BooleanField(

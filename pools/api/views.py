@@ -20,12 +20,12 @@ from pools.api.serializers import (
     DryRunSerializer,
     HistoryFilterSerializer,
     PoolSerializer,
+    PoolValidateSerializer,
     RoutingRecordDetailSerializer,
     RoutingRecordSerializer,
     TargetSerializer,
     TokenUsageSerializer,
     UsageFilterSerializer,
-    ValidateSerializer,
     visible_pools,
 )
 from pools.models import Pool, RoutingRecord, Target, TokenUsage
@@ -70,11 +70,11 @@ class PoolViewSet(viewsets.ModelViewSet):
         )
         return Response(ranking)
 
-    @extend_schema(request=ValidateSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=PoolValidateSerializer, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"])
     def validate(self, request: Request, slug: str) -> Response:
         """Check every target and the pool (docs/pools-console.md); change nothing."""
-        asked = ValidateSerializer(data=request.data)
+        asked = PoolValidateSerializer(data=request.data)
         asked.is_valid(raise_exception=True)
         pool = self.get_object()
         report = validation.validate(pool, probe_kinds=asked.validated_data["probe_kinds"])

@@ -4,7 +4,8 @@
 // and unit, and an element #<id>-data whose data-chart-data attribute holds the chart as JSON:
 // {"id", "title", "unit", "series": [{"label", "tone"}], "columns": [[unix s…], [values…]…]}.
 // A push that replaces #<id>-data (hx-swap-oob) moves the chart. All charts of a page share one
-// time window (default 15 min, or the page's <select data-chart-window>) and one cursor.
+// time window (default 15 min, or the page's <select data-chart-window>; on a young system from a
+// minute before the first count) and one cursor.
 "use strict";
 
 (() => {
@@ -25,7 +26,21 @@
     }
     if (data[0].length) end = Math.max(end, data[0][data[0].length - 1]);
     end = end || Date.now() / 1000;
-    return [end - windowS, end];
+    // A young system: the axis starts a minute before the first count, not at the start of a
+    // window that is mostly empty (the lines would be a few pixels at its right edge).
+    let first = Infinity;
+    for (const { plot } of plots.values()) first = Math.min(first, firstCounted(plot.data));
+    first = Math.min(first, firstCounted(data));
+    const start = first === Infinity ? end - windowS : Math.min(first - 60, end - 60);
+    return [Math.max(end - windowS, start), end];
+  }
+
+  // The time of the first point that any series has a value for; Infinity when none has.
+  function firstCounted(data) {
+    for (let i = 0; i < data[0].length; i++) {
+      if (data.slice(1).some((values) => values[i] != null)) return data[0][i];
+    }
+    return Infinity;
   }
 
   // Axis and legend times in the viewer's clock, 24 h: 13:04 (13:04:05 in the legend).
@@ -45,7 +60,11 @@
         cursor: { sync: { key: "nexus-page" } },
         scales: { x: { time: true, range: () => timeRange(chart.columns) } },
         axes: [
-          { stroke: tone("muted"), values: (u, ticks) => ticks.map((t) => clock(t, false)) },
+          // Seconds on the axis once ticks are closer than a minute (a young system's window).
+          {
+            stroke: tone("muted"),
+            values: (u, ticks, axis, space, incr) => ticks.map((t) => clock(t, incr < 60)),
+          },
           { stroke: tone("muted"), size: 72, values: (u, ticks) => ticks.map(written) },
         ],
         series: [
