@@ -593,6 +593,10 @@ class AutoScalingRule(models.Model):
             raise ValidationError(problems)
 
 
+# A scale event's outcome, as the API schema names it (nexus/settings.py ENUM_NAME_OVERRIDES).
+SCALE_OUTCOMES = choices_of(ScaleOutcome)
+
+
 class ScaleEvent(models.Model):
     """One evaluation of a rule that changed, or declined to change, a service's replica count.
 
@@ -614,7 +618,7 @@ class ScaleEvent(models.Model):
     aggregation = models.CharField(max_length=8, choices=choices_of(Aggregation, {"p95": "p95"}))
     replicas_before = models.PositiveSmallIntegerField()
     replicas_after = models.PositiveSmallIntegerField()
-    outcome = models.CharField(max_length=16, choices=choices_of(ScaleOutcome))
+    outcome = models.CharField(max_length=16, choices=SCALE_OUTCOMES)
     reason = models.TextField()
     overruled = models.JSONField(
         default=list, blank=True, help_text="The ids of the rules this decision overruled."

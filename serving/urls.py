@@ -50,6 +50,11 @@ urlpatterns = [
         name="autoscaling_rules",
     ),
     path(
+        "services/<slug:name>/autoscaling/scale-to-zero/",
+        autoscaling_views.scale_to_zero_setting,
+        name="scale_to_zero_setting",
+    ),
+    path(
         "services/<slug:name>/autoscaling/rules/new/",
         autoscaling_views.autoscaling_rule_new,
         name="autoscaling_rule_new",
