@@ -11,13 +11,13 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from nexus.pages import HtmxHttpRequest, require_staff
 from serving import scaling, services
 from serving.autoscaling import KERNEL_METRICS, MetricSource
 from serving.forms import AutoScalingRuleForm, preset_filled
-from serving.models import AutoScalingRule, ScaleEvent, Service, ServiceLifecycle
+from serving.models import MIN_IDLE_S, AutoScalingRule, ScaleEvent, Service, ServiceLifecycle
 from serving.views import service_or_404
 
 CARDS = "serving/autoscaling_cards.html"
@@ -45,26 +45,19 @@ def rules_context(request: HttpRequest, service: Service) -> dict[str, Any]:
             kept[name] = request.GET[name]
     return {
         "service": service,
-        "sleep": sleep_state(service),
+        "sleep": scaling.sleep_state(service),
         "rules_page": page,
         "filters": {name: request.GET.get(name, "") for name in FILTERS},
         "filtered": bool(kept),
         "filter_query": kept.urlencode(),
         "filter_problem": problem,
         "can_change": request.user.is_staff and service.lifecycle == ServiceLifecycle.ACTIVE,
+        "min_idle_s": MIN_IDLE_S,
+        "idle_value": ""
+        if service.scale_to_zero_after_s is None
+        else service.scale_to_zero_after_s,
+        "idle_problem": "",
     }
-
-
-def sleep_state(service: Service) -> str:
-    """Say how a service that scales to zero stands: "asleep", "waking", "awake"; "" if it
-    does not scale to zero."""
-    if service.scale_to_zero_after_s is None:
-        return ""
-    if service.desired_replicas == 0:
-        return "asleep"
-    latest = service.scale_events.order_by("-created_at", "-id").first()
-    woke = latest is not None and latest.rule_id is None and latest.replicas_before == 0
-    return "waking" if woke and services.ready_replicas(service) == 0 else "awake"
 
 
 def events_context(service: Service) -> dict[str, Any]:
@@ -91,6 +84,41 @@ def autoscaling_rules(request: HtmxHttpRequest, name: str) -> HttpResponse:
         query = request.GET.urlencode()
         return redirect(f"{url}?{query}#autoscaling-rules" if query else f"{url}#autoscaling-rules")
     return render(request, RULES_CARD, rules_context(request, service))
+
+
+@require_POST
+@login_required
+def scale_to_zero_setting(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Set after how many idle seconds the service scales to zero (blank: never). The rules
+    card comes back with the setting, or with the problem next to its field."""
+    service = service_or_404(request, name)
+    require_staff(request, "change services")
+    value = request.POST.get("scale_to_zero_after_s", "").strip()
+    problem = ""
+    idle_s: int | None = None
+    if value:
+        try:
+            idle_s = int(value)
+        except ValueError:
+            problem = "Enter a whole number of seconds, or leave it blank for never."
+        else:
+            if idle_s < MIN_IDLE_S:
+                problem = f"At least {MIN_IDLE_S} s, or blank for never."
+    if not problem:
+        try:
+            services.update_service(service, scale_to_zero_after_s=idle_s)
+        except services.ServiceError as refused:
+            problem = str(refused)
+    if not request.htmx:
+        if problem:
+            messages.error(request, f"Scale to zero: {problem}")
+        url = reverse("serving:service_detail", args=[service.name])
+        return redirect(f"{url}#autoscaling-rules")
+    service.refresh_from_db()
+    context = rules_context(request, service)
+    if problem:
+        context.update(idle_value=value, idle_problem=problem)
+    return render(request, RULES_CARD, context)
 
 
 @require_GET

@@ -43,9 +43,12 @@ def models_root() -> Path:
 
 
 class FolderUsage(models.TextChoices):
-    """What a folder is for; only model folders exist now, the value is kept for later kinds."""
+    """What a folder is for: a model's files, which services mount at their mount destination;
+    or general files or data, which a model definition's service may mount beside them."""
 
     MODEL = "model", "Model"
+    GENERAL = "general", "General"
+    DATA = "data", "Data"
 
 
 class ModelFolder(models.Model):
@@ -419,6 +422,60 @@ class RoutePart(models.Model):
         return f"{self.route} rank {self.rank}"
 
 
+class TrialState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    PASSED = "passed", "Passed"  # a health probe answered as expected
+    FAILED = "failed", "Failed"  # the reason says why
+
+
+class Trial(models.Model):
+    """A trial replica of a launcher's settings ("Validate"): started on a node that fits,
+    probed as a route would be, always stopped; its log and probes kept for the popup.
+
+    `spec`, `mount_destination`, `resource_slots` and `model_folder` are the checked launch, as a
+    revision would hold them; nothing of a service is made.
+    """
+
+    project = models.CharField(max_length=100, default="default")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    model_folder = models.ForeignKey(
+        ModelFolder, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    mount_destination = models.CharField(max_length=200, default="/models")
+    runtime_variant = models.CharField(max_length=32)
+    resource_group = models.ForeignKey(
+        ResourceGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resource_slots = models.JSONField(default=dict, blank=True)
+    spec = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=TrialState.choices, default=TrialState.QUEUED)
+    reason = models.TextField(blank=True)
+    node = models.ForeignKey(
+        "nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    process_id = models.CharField(max_length=64, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    # The process's output, its latest tail; and every probe: [{"at", "passed", "detail"}].
+    log = models.TextField(blank=True)
+    probes = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"trial {self.pk} ({self.state})"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (TrialState.PASSED, TrialState.FAILED)
+
+
 def _positive(value: int) -> None:
     if value < 1:
         raise ValidationError("Must be at least 1.")
@@ -536,6 +593,10 @@ class AutoScalingRule(models.Model):
             raise ValidationError(problems)
 
 
+# A scale event's outcome, as the API schema names it (nexus/settings.py ENUM_NAME_OVERRIDES).
+SCALE_OUTCOMES = choices_of(ScaleOutcome)
+
+
 class ScaleEvent(models.Model):
     """One evaluation of a rule that changed, or declined to change, a service's replica count.
 
@@ -557,7 +618,7 @@ class ScaleEvent(models.Model):
     aggregation = models.CharField(max_length=8, choices=choices_of(Aggregation, {"p95": "p95"}))
     replicas_before = models.PositiveSmallIntegerField()
     replicas_after = models.PositiveSmallIntegerField()
-    outcome = models.CharField(max_length=16, choices=choices_of(ScaleOutcome))
+    outcome = models.CharField(max_length=16, choices=SCALE_OUTCOMES)
     reason = models.TextField()
     overruled = models.JSONField(
         default=list, blank=True, help_text="The ids of the rules this decision overruled."

@@ -341,3 +341,15 @@ def preview(service: Service, template: str, window_s: int) -> dict[str, Any]:
     if result.series > 1:
         text = f"{result.series} series, latest {value:g}"
     return {"query": query, "series": result.series, "value": value, "at": at, "text": text}
+
+
+def sleep_state(service: Service) -> str:
+    """Say how a service that scales to zero stands: "asleep", "waking", "awake"; "" if it
+    does not scale to zero."""
+    if service.scale_to_zero_after_s is None:
+        return ""
+    if service.desired_replicas == 0:
+        return "asleep"
+    latest = service.scale_events.order_by("-created_at", "-id").first()
+    woke = latest is not None and latest.rule_id is None and latest.replicas_before == 0
+    return "waking" if woke and services.ready_replicas(service) == 0 else "awake"

@@ -23,6 +23,7 @@ from serving.models import (
     Route,
     RoutePart,
     Service,
+    Trial,
     validate_folder_name,
 )
 
@@ -69,8 +70,12 @@ class ModelFolderSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
         ]
-        # Only model folders exist for now; the field is there for the kinds to come.
-        read_only_fields = ["usage"]
+        extra_kwargs = {
+            "usage": {
+                "help_text": "model (the default): a model's files; general or data: folders a "
+                "model definition's service may mount beside its model folder (extra_mounts)."
+            }
+        }
 
     def create(self, validated_data: dict[str, Any]) -> ModelFolder:
         try:
@@ -383,6 +388,12 @@ class LaunchFieldsSerializer(serializers.Serializer):
         help_text='vLLM/SGLang parameters by key, e.g. {"dtype": "bfloat16", "max_num_seqs": '
         '"64"}; each becomes the server\'s flag (docs/runtimes.md).',
     )
+    extra_mounts = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()),
+        required=False,
+        help_text='More folders a model definition\'s service sees: [{"folder": "datasets", '
+        '"destination": "/data"}]; general or data folders only (Custom, definition file).',
+    )
     cluster_size = serializers.IntegerField(
         default=1,
         help_text="Nodes one replica spans: 1 (Single Node), or a main and workers (Multi Node).",
@@ -399,6 +410,39 @@ class ServiceCreateSerializer(LaunchFieldsSerializer):
     project = serializers.CharField(default="default")
     open_to_public = serializers.BooleanField(default=False, help_text="Reachable without a token.")
     desired_replicas = serializers.IntegerField(default=1, help_text="0 to 64.")
+
+
+class TrialCreateSerializer(LaunchFieldsSerializer):
+    """What a trial replica (Validate) runs: a new service's launch settings, without a name."""
+
+    project = serializers.CharField(default="default")
+
+
+class TrialSerializer(serializers.ModelSerializer):
+    """A trial replica of launch settings: where it ran, its probes, log and verdict."""
+
+    node = serializers.CharField(source="node.name", read_only=True, default=None)
+    model_folder = serializers.CharField(source="model_folder.name", read_only=True, default=None)
+
+    class Meta:
+        model = Trial
+        fields = [
+            "id",
+            "project",
+            "state",
+            "reason",
+            "model_folder",
+            "runtime_variant",
+            "node",
+            "process_id",
+            "port",
+            "probes",
+            "log",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
 
 
 class ServiceUpdateSerializer(LaunchFieldsSerializer):

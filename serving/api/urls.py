@@ -18,6 +18,7 @@ router.register(
     tokens.ServiceTokenViewSet,
     basename="service-token",
 )
+router.register("trials", views.TrialViewSet, basename="trial")
 router.register(
     r"services/(?P<service_name>[-A-Za-z0-9_]+)/autoscaling-rules",
     autoscaling.AutoScalingRuleViewSet,

@@ -33,6 +33,7 @@ from serving.models import (
     ResourcePreset,
     Route,
     RouteState,
+    Trial,
 )
 from serving.tokens import issue_service_token
 from tests.deployments.factories import make_deployment, make_node
@@ -138,6 +139,10 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
     ("pool-detail", "patch"): ({"name": "Chat 2"}, writes(200)),
     ("pool-detail", "delete"): (None, writes(204)),
     ("pool-dry-run", "post"): ({"kind": "chat"}, writes(200)),
+    ("pool-drain", "post"): (None, writes(200)),
+    ("pool-resume", "post"): (None, writes(200)),
+    ("pool-validate", "post"): ({}, writes(200)),
+    ("pool-confirm-identity", "post"): (None, writes(201)),
     ("target-list", "get"): (None, reads(detail=False)),
     ("target-list", "post"): (
         {"pool": "chat", "name": "b", "base_url": f"{NOWHERE}/v1", "model_id": "m"},
@@ -173,6 +178,12 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
         writes(201, outsider=400),
     ),
     ("service-detail", "get"): (None, reads(detail=True)),
+    # Validate: a trial of launch settings, started as a service would be, then followed.
+    ("service-validate", "post"): (
+        {"project": "acme", "model_folder": "llama", "runtime_variant": "vllm"},
+        writes(202, outsider=400),
+    ),
+    ("trial-detail", "get"): (None, reads(detail=True)),
     ("service-detail", "patch"): ({"desired_replicas": 2}, writes(200)),
     ("service-detail", "delete"): (None, writes(202)),
     ("service-route-clear-errors", "post"): (None, writes(200)),
@@ -211,6 +222,10 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
     ("resource-group-list", "get"): (None, fleet_reads()),
     ("resource-group-list", "post"): ({"name": "rg2"}, fleet_writes(201)),
     ("resource-group-detail", "get"): (None, fleet_reads()),
+    ("resource-group-detail", "patch"): ({"description": "spare"}, fleet_writes(200)),
+    ("resource-group-detail", "put"): ({"name": "rg", "all_nodes": True}, fleet_writes(200)),
+    # No revision names "rg": it can go.
+    ("resource-group-detail", "delete"): (None, fleet_writes(204)),
     ("resource-preset-list", "get"): (None, fleet_reads()),
     ("resource-preset-list", "post"): ({"name": "large"}, fleet_writes(201)),
     ("resource-preset-detail", "get"): (None, fleet_reads()),
@@ -294,6 +309,7 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
     deployment = make_deployment("demo", {node: NodeState.FAILED})
     ResourceGroup.objects.create(name="rg")
     ResourcePreset.objects.create(name="small")
+    trial = Trial.objects.create(project="acme", runtime_variant="vllm")
     cast = make_cast(project, client_pools=["chat"])
     token = ApiToken.objects.get(project=project, name="app", services=[])
     member = {"project_name": "acme"}
@@ -319,6 +335,7 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
             "deployment": {"pk": str(deployment.pk)},
             "resource-group": {"name": "rg"},
             "resource-preset": {"name": "small"},
+            "trial": {"pk": str(trial.pk)},
         },
     )
 
@@ -351,8 +368,9 @@ def call(client: APIClient, method: str, path: str, body: Any) -> int:
     return response.status_code
 
 
-# Routes whose allowed call reaches a node's agent (a closed loopback port here): `live` tests.
-REACHES_A_NODE = {("node-refresh", "post")}
+# Routes whose allowed call reaches a node's agent or a target (a closed loopback port here):
+# `live` tests.
+REACHES_A_NODE = {("node-refresh", "post"), ("pool-validate", "post")}
 CASES = [
     pytest.param(
         name,

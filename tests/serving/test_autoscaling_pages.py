@@ -262,3 +262,42 @@ def test_the_page_says_whether_a_service_that_scales_to_zero_sleeps_or_wakes(
     assert "after 5 min without requests:" in asleep
     assert "asleep, 0 replicas — the next request wakes it" in asleep
     assert "waking — a request waits while a replica starts" in waking
+
+
+SCALE_TO_ZERO = "/serving/services/chat/autoscaling/scale-to-zero/"
+
+
+def test_staff_set_and_clear_scale_to_zero_from_the_rules_card(
+    staff: Client, chat: Service
+) -> None:
+    set_answer = staff.post(SCALE_TO_ZERO, {"scale_to_zero_after_s": "120"}, HTTP_HX_REQUEST="true")
+    chat.refresh_from_db()
+    assert chat.scale_to_zero_after_s == 120
+    assert 'id="scale-to-zero"' in set_answer.content.decode()  # the card says it scales to zero
+
+    staff.post(SCALE_TO_ZERO, {"scale_to_zero_after_s": ""}, HTTP_HX_REQUEST="true")
+    chat.refresh_from_db()
+    assert chat.scale_to_zero_after_s is None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("5", "At least 10 s, or blank for never."), ("soon", "Enter a whole number of seconds")],
+)
+def test_a_refused_idle_time_is_shown_next_to_its_field_and_changes_nothing(
+    staff: Client, chat: Service, value: str, problem: str
+) -> None:
+    answer = staff.post(SCALE_TO_ZERO, {"scale_to_zero_after_s": value}, HTTP_HX_REQUEST="true")
+
+    page = answer.content.decode()
+    assert 'id="scale-to-zero-error"' in page and problem in page
+    assert f'value="{value}"' in page  # kept for correcting
+    chat.refresh_from_db()
+    assert chat.scale_to_zero_after_s is None
+
+
+def test_a_viewer_may_not_set_scale_to_zero(member: Client, chat: Service) -> None:
+    assert 'id="scale-to-zero-form"' not in member.get(PAGE).content.decode()
+    assert member.post(SCALE_TO_ZERO, {"scale_to_zero_after_s": "60"}).status_code == 403
+    chat.refresh_from_db()
+    assert chat.scale_to_zero_after_s is None
