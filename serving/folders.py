@@ -28,7 +28,13 @@ from django.core.files.uploadhandler import FileUploadHandler
 from django.db import IntegrityError, transaction
 from django.template.defaultfilters import filesizeformat
 
-from serving.models import ModelFolder, Service, ServiceLifecycle, models_root
+from serving.models import (
+    ModelFolder,
+    Service,
+    ServiceLifecycle,
+    make_models_root,
+    models_root,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +150,7 @@ def check_name_free(name: str) -> None:
 def create_folder(folder: ModelFolder) -> ModelFolder:
     """Make the folder's directory and save its row; either both exist afterwards or neither."""
     check_name_free(folder.name)
-    models_root().mkdir(parents=True, exist_ok=True)
+    make_models_root()
     # The exclusive mkdir is the lock: of two concurrent creations, one gets FileExistsError.
     try:
         folder.path.mkdir()

@@ -42,6 +42,14 @@ def models_root() -> Path:
     return Path(settings.DATA_DIR) / "models"
 
 
+def make_models_root() -> Path:
+    """Create the directory of model folders if missing, private like the rest of the data dir
+    (0700, whatever the umask: docs/access.md), and return it."""
+    root = models_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
 class FolderUsage(models.TextChoices):
     """What a folder is for: a model's files, which services mount at their mount destination;
     or general files or data, which a model definition's service may mount beside them."""

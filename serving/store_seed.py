@@ -214,7 +214,7 @@ def seed_store(**kwargs: Any) -> None:
 def write_seeds(using: str = "default") -> None:
     """Write every seed folder's missing row and files; keep what exists."""
     from nexus.models import Project
-    from serving.models import ModelFolder
+    from serving.models import ModelFolder, make_models_root
 
     project = settings.NEXUS_MODEL_STORE_PROJECT
     Project.objects.using(using).get_or_create(name=project)
@@ -222,7 +222,8 @@ def write_seeds(using: str = "default") -> None:
         folder, _ = ModelFolder.objects.using(using).get_or_create(
             name=name, defaults={"project": project}
         )
-        folder.path.mkdir(parents=True, exist_ok=True)
+        make_models_root()
+        folder.path.mkdir(exist_ok=True)
         for file_name, text in files.items():
             path = folder.path / file_name
             if not path.exists():
