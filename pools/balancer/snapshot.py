@@ -72,6 +72,9 @@ class TargetView:
     in_flight: int = 0  # requests Nexus has on it (the ledger's count)
     engine_running: int | None = None  # from the engine's /metrics, None when unknown or stale
     engine_waiting: int | None = None
+    # Nexus's own in-flight count on the target when the engine was read: the engine's count
+    # above it is other clients' load. None: unknown, the engine's count is taken as it is.
+    engine_counted: int | None = None
     ttft_s: float | None = None  # EWMA of time to first token, None when no sample yet
     tpot_s: float | None = None  # EWMA of time per output token
     error_rate: float = 0.0  # recent share of failed requests, 0..1

@@ -53,13 +53,26 @@ _SCORE = attrgetter("score")
 
 
 def load_of(target: TargetView) -> int:
-    """Return the target's load: Nexus's in-flight count, or the engine's own when larger."""
+    """Return the target's load: Nexus's in-flight count plus what the engine reports beyond it."""
     running = target.engine_running
     waiting = target.engine_waiting
     if running is None and waiting is None:
         return target.in_flight
-    # The engine may serve other clients too, so its count can exceed ours.
-    return max(target.in_flight, (running or 0) + (waiting or 0))
+    return engine_load(target.in_flight, (running or 0) + (waiting or 0), target.engine_counted)
+
+
+def engine_load(in_flight: int, engine: int, counted: int | None) -> int:
+    """Return in_flight plus the engine's count beyond `counted`, Nexus's own count when the
+    engine was read (None: unknown, taken as in_flight).
+
+    The rest of the engine's count are Nexus's own requests, which in_flight counts as of now: a
+    reading taken before Nexus's last change to the target's load (a request finished or started
+    since) adds only other clients' load, never Nexus's own requests a second time, so a target
+    that Nexus alone uses looks exactly as busy as Nexus keeps it, and idle once idle
+    (docs/balancer.md "Load signals").
+    """
+    others = engine - (in_flight if counted is None else counted)
+    return in_flight + others if others > 0 else in_flight
 
 
 def skip_reason(target: TargetView, kind: str, exclude: frozenset[int]) -> SkipReason | None:
@@ -347,10 +360,8 @@ def _smart(
         running = target.engine_running
         waiting = target.engine_waiting
         if running is not None or waiting is not None:
-            # The engine may serve other clients too, so its count can exceed ours.
-            engine = (running or 0) + (waiting or 0)
-            if engine > load:
-                load = engine
+            # The engine may serve other clients too (load_of says how that counts).
+            load = engine_load(load, (running or 0) + (waiting or 0), target.engine_counted)
         utilization = (load + 1) / target.capacity
         utilization_factor = utilization_factors.get(utilization)
         if utilization_factor is None:

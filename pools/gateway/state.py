@@ -283,6 +283,7 @@ class GatewayState:
                     in_flight=self._ledger.in_flight(target.id),
                     engine_running=load.running if load else None,
                     engine_waiting=load.waiting if load else None,
+                    engine_counted=load.counted if load else None,
                     ttft_s=stats.ttft_s if stats else None,
                     tpot_s=stats.tpot_s if stats else None,
                     error_rate=health.error_rate(target.id),
@@ -403,7 +404,7 @@ class GatewayState:
             for target in pool.targets
             if target.enabled
         ]
-        await self._engine_loads.scrape(upstream.get().client, targets)
+        await self._engine_loads.scrape(upstream.get().client, targets, self._ledger.in_flight)
         pairs = [
             (pool.slug, target.name) for pool in snapshot.pools.values() for target in pool.targets
         ]

@@ -61,6 +61,8 @@ ENGINES: dict[str, dict[str, Any]] = {
     "c1": {"ttft_ms": 0, "tpot_ms": 20},
     "c2": {"ttft_ms": 0, "tpot_ms": 20},
     "c3": {"ttft_ms": 0, "tpot_ms": 20},
+    "idle_a": {"ttft_ms": 0, "tpot_ms": 20},
+    "idle_b": {"ttft_ms": 0, "tpot_ms": 20},
     "slow": {"ttft_ms": 0, "tpot_ms": 40},
     "locked": {"ttft_ms": 0, "tpot_ms": 1, "api_key": "sk-engine"},
 }
@@ -173,6 +175,8 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
     # Continuity: Smart pools over three engines of their own.
     for slug in ("sticky", "sticky-busy", "sticky-drain", "sticky-keys"):
         pool(slug, [(name, name, {"capacity_weight": 4}) for name in ("c1", "c2", "c3")])
+    # Two identical capacity-2 targets, for conversations sent one request at a time.
+    pool("sticky-idle", [(name, name, {"capacity_weight": 2}) for name in ("idle_a", "idle_b")])
     # Queue: one slot on the slow engine.
     for slug in ("queue-full", "queue-timeout", "queue-gone", "queue-gone-wait", "queue-estimate"):
         pool(slug, [("only", "slow", {"capacity_weight": 1})], max_queue=2)
@@ -655,6 +659,26 @@ def test_a_conversation_with_a_session_id_stays_on_one_target(world: World) -> N
     assert [record.decision["request"]["sticky_target_id"] for record in records] == [
         None, sticky, sticky, sticky,
     ]  # fmt: skip
+
+
+def test_conversations_sent_one_request_at_a_time_never_move_between_idle_targets(
+    world: World,
+) -> None:
+    # Each turn streams for about 0.4 s, so the engines are read (once a second) while turns
+    # run there; those readings, up to 2 s old, must not make an idle target look busy.
+    moved = []
+    for session in range(6):
+        headers = {SESSION: f"s-idle-{session}-{uuid.uuid4().hex[:8]}"}
+        answers = [
+            turn(world, "sticky-idle", number, headers=headers, max_tokens=20)
+            for number in range(1, 5)
+        ]
+        assert [answer.status for answer in answers] == [200] * 4
+        if len({answer.target for answer in answers}) > 1:
+            why = [world.record(answer).decision["continuity"] for answer in answers]
+            moved.append((session, [answer.target for answer in answers], why))
+
+    assert moved == []
 
 
 def test_a_conversation_moves_when_its_target_drains_and_the_history_says_it_yielded(
