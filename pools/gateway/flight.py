@@ -133,6 +133,8 @@ class Flight:
     decisions: list[Decision] = field(default_factory=list)
     attempts: list[AttemptRow] = field(default_factory=list)
     queue_wait_s: float = 0.0
+    # The rule that gave the request its slot when it waited (queue.FairQueue.pop_for), or "".
+    woken_by: str = ""
     ttft_s: float | None = None
     target: TargetEntry | None = None
     status: int | None = None
@@ -149,6 +151,8 @@ class Flight:
             # the latest decision shows only as "already tried". Built only then: the common
             # request of one attempt pays nothing for it.
             decision["per_attempt"] = [earlier.to_dict() for earlier in self.decisions]
+        if self.woken_by:
+            decision["woken_by"] = self.woken_by
         decision["request"] = {
             "kind": self.kind,
             "sticky_target_id": self.facts.sticky_target_id,
@@ -298,7 +302,9 @@ class Router:
             raise errors.queue_timeout(pool.label, flight.queue_wait_s)
         queue_id = flight.token.id if flight.token is not None else ANONYMOUS_QUEUE_ID
         try:
-            await self.state.wait(pool, flight.kind, queue_id, remaining, again=again)
+            flight.woken_by = await self.state.wait(
+                pool, flight.kind, queue_id, remaining, flight.facts, again=again
+            )
         except QueueFull as full:
             raise errors.queue_full(pool.label, full.reason, full.retry_after_s) from None
         except QueueTimeout:

@@ -63,6 +63,8 @@ ENGINES: dict[str, dict[str, Any]] = {
     "c3": {"ttft_ms": 0, "tpot_ms": 20},
     "idle_a": {"ttft_ms": 0, "tpot_ms": 20},
     "idle_b": {"ttft_ms": 0, "tpot_ms": 20},
+    "wake_a": {"ttft_ms": 0, "tpot_ms": 20},
+    "wake_b": {"ttft_ms": 0, "tpot_ms": 20},
     "slow": {"ttft_ms": 0, "tpot_ms": 40},
     "locked": {"ttft_ms": 0, "tpot_ms": 1, "api_key": "sk-engine"},
 }
@@ -177,6 +179,12 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
         pool(slug, [(name, name, {"capacity_weight": 4}) for name in ("c1", "c2", "c3")])
     # Two identical capacity-2 targets, for conversations sent one request at a time.
     pool("sticky-idle", [(name, name, {"capacity_weight": 2}) for name in ("idle_a", "idle_b")])
+    # Affinity-aware wake-up: two one-slot targets, so that both are soon full.
+    pool(
+        "wake-affinity",
+        [(name, name, {"capacity_weight": 1}) for name in ("wake_a", "wake_b")],
+        max_queue=10,
+    )
     # Queue: one slot on the slow engine.
     for slug in ("queue-full", "queue-timeout", "queue-gone", "queue-gone-wait", "queue-estimate"):
         pool(slug, [("only", "slow", {"capacity_weight": 1})], max_queue=2)
@@ -754,6 +762,43 @@ def test_a_conversation_yields_when_its_target_is_much_busier_and_the_history_sa
     ranked = {entry["name"]: entry for entry in record.decision["ranking"]}
     utilization = {f["name"]: f["value"] for f in ranked[first.target]["factors"]}["utilization"]
     assert utilization == 1.0  # (3 running + this request) / 4 slots
+
+
+# Timing: the conversation's slot must free while the other target is still busy.
+@pytest.mark.serial
+def test_a_slot_freed_on_a_conversations_target_goes_to_it_before_an_earlier_waiter(
+    world: World,
+) -> None:
+    session = {SESSION: f"s-wake-{uuid.uuid4().hex[:8]}"}
+    home = turn(world, "wake-affinity", 1, headers=session).target
+    assert home is not None
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        # The conversation's own target is busy for 0.5 s, the other for 2 s.
+        started = threading.Event()
+        short = executor.submit(
+            world.chat,
+            "wake-affinity",
+            headers=session,
+            max_tokens=25,
+            stream=True,
+            started=started,
+        )
+        wait_until(started.is_set, timeout_s=5)
+        long = hold_slot(executor, world, "wake-affinity", tokens=100)
+        earlier = executor.submit(world.chat, "wake-affinity", content="Something else")
+        time.sleep(0.1)  # the earlier waiter is first in line
+        later = executor.submit(turn, world, "wake-affinity", 2, headers=session)
+
+        conversation, first_in_line = later.result(), earlier.result()
+        assert short.result().target == home
+        assert long.result().target not in (None, home)
+
+    assert conversation.status == 200
+    assert conversation.target == home
+    decision = world.record(conversation).decision
+    assert decision["woken_by"] == f"conversation on {home}, ahead of 1 earlier waiter"
+    assert decision["continuity"] == "kept"
+    assert world.record(first_in_line).decision["woken_by"] == "fair order"
 
 
 @pytest.mark.parametrize("key", ["prompt_cache_key", "user"])
