@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from nexus import live
+
+log = logging.getLogger(__name__)
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -49,6 +53,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if topic is None:
             await self.close()
             return
+        self.accepted_topic = topic
         audience = live.audience_of(user)
         # Joined before the current state is read: a change made meanwhile is pushed after it.
         if self.hears_pushes(user):
@@ -92,3 +97,42 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.last_sent = asyncio.get_running_loop().time()
         if html.strip():
             await self.send(text_data=html)
+
+
+class TickingLiveConsumer(LiveConsumer):
+    """A live page whose parts change all the time (traffic, in-flight counts, circuits): nothing
+    announces those changes, so the socket renders `current()` again every `tick_s` instead of
+    hearing pushes. One render per open page and tick: for pages of one object, not of the fleet.
+    """
+
+    tick_s: ClassVar[float] = 1.0
+
+    def hears_pushes(self, user: Any) -> bool:
+        return False
+
+    async def connect(self) -> None:
+        self.ticker: asyncio.Task[None] | None = None
+        await super().connect()
+        if getattr(self, "accepted_topic", None) is not None:  # a refused socket never ticks
+            self.ticker = asyncio.create_task(self.tick_forever())
+
+    async def disconnect(self, code: int) -> None:
+        if self.ticker is not None:
+            self.ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.ticker
+        await super().disconnect(code)
+
+    async def tick_forever(self) -> None:
+        url = self.scope["url_route"]["kwargs"]
+        audience = live.audience_of(self.scope["user"])
+        render = database_sync_to_async(self.current)
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                html = await render(audience, url)
+            except Exception:
+                # A failing read (database, Redis) skips a tick; the page keeps its last frame.
+                log.exception("could not render a tick of %s", type(self).__name__)
+                continue
+            await self.live_fragments({"type": "live.fragments", "key": "tick", "html": html})

@@ -9,11 +9,13 @@ from nexus.ui.consumers import KitConsumer
 from nexus.websockets import UnknownPath
 from nodes.routing import websocket_urlpatterns as nodes_websockets
 from pools.routing import websocket_urlpatterns as pools_websockets
+from serving.routing import websocket_urlpatterns as serving_websockets
 
 websocket_urlpatterns = [
     *pools_websockets,
     *nodes_websockets,
     *deployments_websockets,
+    *serving_websockets,
     # Channels routes consumers with Django's path(); django-stubs types it as a view only.
     path("ws/ui/kit/", KitConsumer.as_asgi()),  # type: ignore[arg-type]
     # Last: any other path is closed cleanly instead of raising in the router.

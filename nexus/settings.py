@@ -165,6 +165,10 @@ NEXUS_AGENT_PORT = env_int("NEXUS_AGENT_PORT", 7100, minimum=1)
 # Model serving: how often replicas are reconciled (placed, started, rolled out, replaced) and
 # due health probes are sent. Probe timing itself follows each service's health check.
 NEXUS_SERVING_TICK_S = env_float("NEXUS_SERVING_TICK_S", 1.0, minimum=0.2)
+# Autoscaling: every rule is evaluated this often (docs/autoscaling.md); Prometheus rules query
+# this server's HTTP API (empty: none configured, such rules have no data).
+NEXUS_AUTOSCALING_INTERVAL_S = env_float("NEXUS_AUTOSCALING_INTERVAL_S", 10.0, minimum=1.0)
+NEXUS_PROMETHEUS_URL = env_str("NEXUS_PROMETHEUS_URL", "")
 # The model store lists the model folders of this project ("" turns the store off); its seed
 # cards are written after every migrate unless NEXUS_MODEL_STORE_SEED is off (docs/model-store.md).
 NEXUS_MODEL_STORE_PROJECT = env_str("NEXUS_MODEL_STORE_PROJECT", "model-store")
@@ -190,6 +194,17 @@ CELERY_BEAT_SCHEDULE = {
         "task": "serving.tasks.probe_routes",
         "schedule": NEXUS_SERVING_TICK_S,
         "options": {"expires": NEXUS_SERVING_TICK_S * 0.9},
+    },
+    # A request held for a service scaled to zero is seen within a tick.
+    "serving-wake": {
+        "task": "serving.tasks.wake",
+        "schedule": NEXUS_SERVING_TICK_S,
+        "options": {"expires": NEXUS_SERVING_TICK_S * 0.9},
+    },
+    "serving-autoscale": {
+        "task": "serving.tasks.autoscale",
+        "schedule": NEXUS_AUTOSCALING_INTERVAL_S,
+        "options": {"expires": NEXUS_AUTOSCALING_INTERVAL_S * 0.9},
     },
     "pools-prune-history": {
         "task": "pools.tasks.prune_history",
@@ -226,6 +241,10 @@ SPECTACULAR_SETTINGS = {
         "RequestKindEnum": "pools.models.RequestKind",
         "TokenKindEnum": "nexus.models.TOKEN_KINDS",
         "AdminAccessEnum": "nexus.models.ADMIN_ACCESS",
+        "TrialStateEnum": "serving.models.TrialState",
+        "TargetStateEnum": "pools.models.TARGET_STATES",
+        "RoutingOutcomeEnum": "pools.models.RoutingOutcome",
+        "ScaleOutcomeEnum": "serving.models.SCALE_OUTCOMES",
     },
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

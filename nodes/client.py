@@ -125,6 +125,19 @@ class AgentClient:
         """Return the last lines of a process's output."""
         return self._send("GET", f"/processes/{process_id}/log", params={"tail": tail}).text
 
+    def process_http_status(self, process_id: str, path: str, timeout_s: float) -> int:
+        """Return the status a process answers a GET of `path` with, through the agent (a
+        trial's health probe); raise AgentUnreachable when no answer came in time."""
+        try:
+            response = self._http.get(
+                f"{AGENT_PREFIX}/processes/{process_id}/http{path}", timeout=timeout_s
+            )
+        except httpx.TimeoutException:
+            raise AgentUnreachable(f"no answer within {timeout_s:g} s") from None
+        except httpx.TransportError as error:
+            raise AgentUnreachable(self._scrubbed(_connect_reason(error))) from None
+        return response.status_code
+
     def submit_job(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Submit a job (a deploy) and return it as accepted."""
         return self._json("POST", "/jobs", json=spec)

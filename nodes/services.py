@@ -78,6 +78,12 @@ def inventory_ids(node: Node) -> list[str]:
     return list(node.models.values_list("model_id", flat=True))
 
 
+def model_digest(node: Node, model_id: str) -> str:
+    """Return the content digest the node reported for one of its models; empty when unknown."""
+    found = node.models.filter(model_id=model_id).values_list("digest", flat=True).first()
+    return found or ""
+
+
 def prove_identity(address: str, credential: str, *, node: Node | None = None) -> Identity:
     """Ask the agent at this address to sign a fresh challenge; return who it proved to be.
 

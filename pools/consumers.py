@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from typing import Any, ClassVar
-
-from channels.db import database_sync_to_async
+from typing import Any
 
 from nexus import access, live
-from nexus.consumers import LiveConsumer
+from nexus.consumers import LiveConsumer, TickingLiveConsumer
 from pools import live as pools_live
-from pools import live_figures, live_views
-
-log = logging.getLogger(__name__)
+from pools import live_figures, live_views, pool_views
 
 
 class PoolsConsumer(LiveConsumer):
@@ -32,7 +25,7 @@ class PoolsConsumer(LiveConsumer):
         return pools_live.pools_table()
 
 
-class LivePageConsumer(LiveConsumer):
+class LivePageConsumer(TickingLiveConsumer):
     """Send the Live page's figures and charts about once a second, rendered for this user.
 
     Nothing announces traffic (it changes all the time), so this socket renders its page's
@@ -40,16 +33,11 @@ class LivePageConsumer(LiveConsumer):
     as the first render, for the pools this user sees (one render per open Live page; docs/live.md).
     """
 
-    tick_s: ClassVar[float] = 1.0
-
     def topic(self, user: Any, url: dict[str, Any]) -> str | None:
         if live_views.watched_pools(user, url.get("slug")) is None:
             return None
         self.user = user
         return f"live.{url.get('slug') or ''}"
-
-    def hears_pushes(self, user: Any) -> bool:
-        return False
 
     def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
         slug = url.get("slug")
@@ -59,29 +47,36 @@ class LivePageConsumer(LiveConsumer):
         return live_views.live_fragments(pools, single=slug is not None, cache=self.buckets)
 
     async def connect(self) -> None:
-        self.ticker: asyncio.Task[None] | None = None
         self.buckets = live_figures.BucketCache()
         await super().connect()
-        if getattr(self, "user", None) is not None:  # accepted
-            self.ticker = asyncio.create_task(self.tick_forever())
 
-    async def disconnect(self, code: int) -> None:
-        if self.ticker is not None:
-            self.ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.ticker
-        await super().disconnect(code)
 
-    async def tick_forever(self) -> None:
-        url = self.scope["url_route"]["kwargs"]
-        audience = live.audience_of(self.user)
-        render = database_sync_to_async(self.current)
-        while True:
-            await asyncio.sleep(self.tick_s)
-            try:
-                html = await render(audience, url)
-            except Exception:
-                # A failing read (database, Redis) skips a tick; the page keeps its last frame.
-                log.exception("could not render the Live page's tick")
-                continue
-            await self.live_fragments({"type": "live.fragments", "key": "tick", "html": html})
+class PoolPageConsumer(TickingLiveConsumer):
+    """Send one pool page's live card (targets' states, health, load; the queue) every second.
+
+    Rendered for this socket's user, who may see the pool: whether it shows the drain and resume
+    buttons is their role's, not their audience's.
+    """
+
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        pool = pool_views.visible_pools(user).filter(slug=url["slug"]).first()
+        if pool is None:
+            return None
+        self.can_manage = pool_views.may_operate(user, pool)
+        return f"pool-{pool.slug}"
+
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
+        return pool_views.pool_live(url["slug"], can_manage=self.can_manage)
+
+
+class TrafficRunConsumer(TickingLiveConsumer):
+    """Send a Try traffic or drill run's live card every second while its page is open."""
+
+    def topic(self, user: Any, url: dict[str, Any]) -> str | None:
+        pool = pool_views.visible_pools(user).filter(slug=url["slug"]).first()
+        if pool is None or not pool.traffic_runs.filter(pk=url["pk"]).exists():
+            return None
+        return f"pool-{pool.slug}-run-{url['pk']}"
+
+    def current(self, audience: live.Audience, url: dict[str, Any]) -> str:
+        return pool_views.run_live(url["slug"], url["pk"])

@@ -1,4 +1,5 @@
-"""The tokens page's form: a token's kind, what it may call, its expiry and its limits."""
+"""The Smart Balancer pages' forms: a token (kind, reach, expiry, limits); a pool's settings, a
+target added, a target's inline edit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from django.utils import timezone
 
 from nexus import access, scopes
 from nexus.models import DEFAULT_PROJECT, LIMIT_FIELDS, Project, default_project_pk
-from pools.models import Pool
+from pools import services, traffic
+from pools.models import Pool, RequestKind, Target, all_request_kinds
 
 
 class TokenIssueForm(forms.Form):
@@ -107,4 +109,190 @@ class TokenIssueForm(forms.Form):
         return data
 
     def chosen_project(self) -> Project:
+        return Project.objects.get(name=self.cleaned_data["project"])
+
+
+class TargetTrafficForm(forms.ModelForm):
+    """A target's inline edit on its pool's page: its tier, its capacity (and share), on or off."""
+
+    class Meta:
+        model = Target
+        fields = list(services.TRAFFIC_FIELDS)
+
+
+class TargetAddForm(forms.ModelForm):
+    """A new target of a pool: an OpenAI-compatible endpoint with its own key (write-only)."""
+
+    # A runtime on the local network speaks plain http more often than not.
+    base_url = forms.URLField(
+        label="Base URL",
+        max_length=500,
+        assume_scheme="http",
+        help_text="OpenAI-compatible base URL, e.g. http://10.0.0.5:8000/v1.",
+    )
+    kinds = forms.MultipleChoiceField(
+        choices=RequestKind.choices,
+        widget=forms.CheckboxSelectMultiple,
+        initial=all_request_kinds,
+        help_text="The request kinds the endpoint serves; the others never go to it.",
+    )
+    credential = forms.CharField(
+        label="API key",
+        required=False,
+        widget=forms.PasswordInput,
+        help_text="Sent as its Bearer token; stored encrypted and never shown again.",
+    )
+
+    capacity_weight = forms.IntegerField(
+        label="Capacity weight",
+        required=False,
+        min_value=1,
+        help_text="Requests it runs at once, and its share within its tier. Empty: what its "
+        "runtime says it runs at once (the simulator, llama.cpp, SGLang), else 4.",
+    )
+
+    DEFAULT_CAPACITY = 4
+
+    class Meta:
+        model = Target
+        fields = ["name", "base_url", "model_id", "kinds", "priority", "capacity_weight"]
+
+    def __init__(self, *args: Any, pool: Pool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pool = pool
+
+    def clean_name(self) -> str:
+        name = str(self.cleaned_data["name"])
+        # The form has no pool field, so the model's unique (pool, name) is not checked for it.
+        if self.pool.targets.filter(name=name).exists():
+            raise forms.ValidationError(f"{self.pool.name} has a target named {name} already.")
+        return name
+
+
+class PoolSettingsForm(forms.ModelForm):
+    """A pool's settings on its own page; the slug stays (apps call it)."""
+
+    class Meta:
+        model = Pool
+        fields = [
+            "name", "description", "strategy", "max_queue", "max_queue_wait_s", "max_attempts",
+            "first_byte_timeout_s", "first_token_timeout_s", "stream_idle_timeout_s",
+            "max_ejection_percent", "continuity_enabled", "continuity_threshold",
+            "history_retention_days", "history_max_rows",
+        ]  # fmt: skip
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+        labels = {
+            "max_queue": "Queue length",
+            "max_queue_wait_s": "Longest queue wait (s)",
+            "max_attempts": "Attempts",
+            "first_byte_timeout_s": "First byte timeout (s)",
+            "first_token_timeout_s": "First token timeout (s)",
+            "stream_idle_timeout_s": "Stream idle timeout (s)",
+            "max_ejection_percent": "Ejection cap (%)",
+            "continuity_enabled": "Continuity",
+            "history_retention_days": "History kept (days)",
+            "history_max_rows": "History rows at most",
+        }
+
+
+class DryRunForm(forms.Form):
+    """A sample request for a dry run: its kind, and a conversation it may continue."""
+
+    kind = forms.ChoiceField(choices=RequestKind.choices, initial=RequestKind.CHAT)
+    session_id = forms.CharField(
+        label="Session id",
+        required=False,
+        max_length=200,
+        help_text="As X-Nexus-Session-Id: shows where the conversation would stay.",
+    )
+
+
+class ValidateForm(forms.Form):
+    """Run Validate; the one-token probe of each kind only when asked (real inference calls)."""
+
+    run = forms.CharField(widget=forms.HiddenInput, initial="1")
+    probe_kinds = forms.BooleanField(
+        label="Also send one one-token request per kind",
+        required=False,
+        help_text="Real inference calls to each target (a provider bills them).",
+    )
+
+
+class TryTrafficForm(forms.Form):
+    """Real requests through the pool's gateway, bounded (pools.traffic)."""
+
+    requests = forms.IntegerField(
+        min_value=1, max_value=traffic.MAX_REQUESTS, initial=40,
+        help_text=f"At most {traffic.MAX_REQUESTS}.",
+    )  # fmt: skip
+    concurrency = forms.IntegerField(
+        min_value=1, max_value=traffic.MAX_CONCURRENCY, initial=4,
+        help_text=f"Requests at once, at most {traffic.MAX_CONCURRENCY}.",
+    )  # fmt: skip
+    kind = forms.ChoiceField(choices=RequestKind.choices, initial=RequestKind.CHAT)
+    stream = forms.BooleanField(required=False, initial=True, label="Stream the answers")
+    max_tokens = forms.IntegerField(
+        min_value=1, max_value=traffic.MAX_TOKENS, initial=16, label="Max tokens",
+        help_text=f"Per answer, at most {traffic.MAX_TOKENS}.",
+    )  # fmt: skip
+
+
+class DrillForm(TryTrafficForm):
+    """A failure drill: the target to drain, and the burst each phase sends."""
+
+    target = forms.ChoiceField(help_text="Drained in the middle phase, resumed for the last.")
+
+    field_order = ["target", "requests", "concurrency", "kind", "stream", "max_tokens"]
+
+    def __init__(self, *args: Any, pool: Pool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        target_field = self.fields["target"]
+        assert isinstance(target_field, forms.ChoiceField)
+        target_field.choices = [
+            (str(pk), name)
+            for pk, name in pool.targets.filter(state="active", enabled=True).values_list(
+                "pk", "name"
+            )
+        ]
+        requests_field = self.fields["requests"]
+        requests_field.label = "Requests per phase"
+
+
+# The document's caveats of each compatibility mode, shown beside the choice.
+COMPATIBILITY_HELP = (
+    "Exact replicas: every target serves the very same model (same weights, same build), so any "
+    "answer may come from any of them; Validate asks you to confirm it where it cannot prove it. "
+    "Equivalent generation: targets serve comparable models (e.g. one family on different "
+    "runtimes or providers); answers may differ between them, and Validate warns of differing "
+    "context lengths and kinds."
+)
+
+
+class PoolCreateForm(forms.ModelForm):
+    """A new pool: its name, its slug (fixed once created), project, compatibility, strategy."""
+
+    project = forms.ChoiceField(help_text="Whose members manage the pool and see it.")
+
+    class Meta:
+        model = Pool
+        fields = ["name", "slug", "project", "compatibility_mode", "strategy", "description"]
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+        help_texts = {
+            "slug": "Apps call the pool as @pool/<slug>; fixed once created.",
+            "compatibility_mode": COMPATIBILITY_HELP,
+            "strategy": "Smart (recommended): the shortest expected wait, with continuity as a "
+            "bonus. Priority: the least busy of the first tier. Capacity: shares by weight. "
+            "Least busy: the lowest load. Round robin: in turn.",
+        }
+
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        default_project_pk()  # the default project exists from its first use on
+        names = access.changeable_projects(user).order_by("name").values_list("name", flat=True)
+        project_field = self.fields["project"]
+        assert isinstance(project_field, forms.ChoiceField)
+        project_field.choices = [(name, name) for name in names]
+        project_field.initial = DEFAULT_PROJECT
+
+    def clean_project(self) -> Project:
         return Project.objects.get(name=self.cleaned_data["project"])

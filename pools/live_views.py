@@ -23,6 +23,8 @@ from pools import history_pages, live_figures
 from pools import live as pools_live
 from pools.models import Pool, RoutingRecord
 from pools.views import visible_pools
+from serving import scaling
+from serving.models import Service
 
 LIVE_PAGE = "pools/live.html"
 LIVE_NOW = f"{LIVE_PAGE}#live-now"
@@ -53,6 +55,11 @@ def live_context(
     by_pool = live_figures.read_buckets([pool.id for pool in pools], now, cache)
     merged = live_figures.merge_pools(by_pool.values())
     overall = live_figures.figures(merged, now)
+    # Services that scale to zero: Live says when one sleeps or wakes (its requests wait).
+    sleep = {
+        service.pool_id: scaling.sleep_state(service)
+        for service in Service.objects.filter(pool__in=pools, scale_to_zero_after_s__isnull=False)
+    }
     rows = []
     for pool in pools:
         pool_targets = list(pool.targets.all())
@@ -64,6 +71,7 @@ def live_context(
                 "in_flight": sum(state.targets[t.id].in_flight for t in pool_targets),
                 "capacity": sum(t.capacity_weight for t in pool_targets if t.enabled),
                 "queued": state.queued.get(pool.id, 0),
+                "sleep": sleep.get(pool.id, ""),
             }
         )
     target_rows = []
@@ -96,6 +104,7 @@ def live_context(
     return {
         "single": single,
         "pools": pools,
+        "sleep": sleep.get(pools[0].id, "") if single and pools else "",
         "overall": overall,
         "in_flight": sum(row["in_flight"] for row in rows),
         "queued": sum(row["queued"] for row in rows),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -146,6 +147,10 @@ class Pool(ConfigInput):
                 raise ValidationError({"slug": "A pool's slug cannot change: apps call it."})
 
 
+# A target's drain state, as the API schema names it (nexus/settings.py ENUM_NAME_OVERRIDES).
+TARGET_STATES = choices_of(TargetState)
+
+
 class Target(ConfigInput):
     """One model endpoint in a pool, with its own capacity, priority and credential."""
 
@@ -186,7 +191,7 @@ class Target(ConfigInput):
     enabled = models.BooleanField(default=True)
     state = models.CharField(
         max_length=16,
-        choices=choices_of(TargetState),
+        choices=TARGET_STATES,
         default=TargetState.ACTIVE,
         help_text="Draining takes no new requests; drained has none left. Resume to serve again.",
     )
@@ -368,3 +373,69 @@ class TokenUsage(models.Model):
 
     def __str__(self) -> str:
         return f"token {self.token_id} in pool {self.pool_id} at {self.hour:%Y-%m-%d %H}:00"
+
+
+class IdentityConfirmation(models.Model):
+    """An operator's word that an Exact-replicas pool's targets serve one model, where Validate
+    could not prove it: who, when, and which targets (with the model id each served then)."""
+
+    pool = models.ForeignKey(Pool, related_name="identity_confirmations", on_delete=models.CASCADE)
+    confirmed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    confirmed_by_name = models.CharField(max_length=150, help_text="Kept if the user goes.")
+    confirmed_at = models.DateTimeField(default=timezone.now)
+    targets = models.JSONField(help_text="Each target confirmed: id, name, model_id, base_url.")
+
+    class Meta:
+        ordering = ["-confirmed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.pool.slug} confirmed by {self.confirmed_by_name}"
+
+
+class TrafficRunKind(models.TextChoices):
+    TRY = "try", "Try traffic"
+    DRILL = "drill", "Failure drill"
+
+
+class TrafficRunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+
+
+class TrafficRun(models.Model):
+    """Real requests sent through a pool by its operator: Try traffic, or a failure drill.
+
+    Its phases (one for Try traffic; before, drain, after resume for a drill) fill in while it
+    runs in a Celery worker; the run's page reads this row each second.
+    """
+
+    pool = models.ForeignKey(Pool, related_name="traffic_runs", on_delete=models.CASCADE)
+    kind = models.CharField(max_length=8, choices=TrafficRunKind.choices)
+    status = models.CharField(
+        max_length=16, choices=TrafficRunStatus.choices, default=TrafficRunStatus.QUEUED
+    )
+    params = models.JSONField(help_text="requests, concurrency, kind, stream, max_tokens; "
+                              "a drill's target_id and target_name.")  # fmt: skip
+    phases = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Each phase: name, planned, sent, outcomes, per-target counts, TTFT.",
+    )
+    verdict = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} #{self.pk} of {self.pool.slug}"

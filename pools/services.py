@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from nexus.models import DEFAULT_PROJECT, ApiToken, project_named
 from nexus.ui import format as ui_format
-from pools import live
+from nodes.models import NodeStatus, NodeTrust
+from pools import live, traffic
 from pools.balancer.continuity import continuity_keys
 from pools.balancer.snapshot import Decision, RequestFacts
 from pools.balancer.strategies import decide
@@ -28,6 +29,8 @@ from pools.models import (
     TargetHealth,
     TargetState,
     TokenUsage,
+    TrafficRun,
+    TrafficRunStatus,
     all_request_kinds,
 )
 
@@ -114,7 +117,32 @@ def dry_run(
         "gateways": state.gateways,
         "request": _facts(facts),
         **_decide_now(entry, facts, state).to_dict(),
+        "tiers": _every_tier(entry, facts, state),
     }
+
+
+def _every_tier(
+    entry: PoolEntry, facts: RequestFacts, state: live.LiveState
+) -> list[dict[str, Any]]:
+    """Return how each tier would rank its targets were it the one to take the request.
+
+    The decision itself ranks only the tier that takes the request; an operator also wants to
+    see what the tiers above it would do once it is full or gone. Each tier is decided alone,
+    so the ejection cap counts that tier's capacity only.
+    """
+    views = [state.view(target) for target in entry.targets]
+    tiers = sorted({view.priority for view in views})
+    ranked = []
+    for tier in tiers:
+        alone = decide(
+            [view for view in views if view.priority == tier],
+            entry.policy,
+            facts,
+            rng=random.Random(0),
+            turn=state.turns.get(entry.id, 0),
+        ).to_dict()
+        ranked.append({"tier": tier, "ranking": alone["ranking"], "skipped": alone["skipped"]})
+    return ranked
 
 
 def replay(record: RoutingRecord) -> dict[str, Any]:
@@ -187,10 +215,33 @@ def mark_drained(target_ids: list[int]) -> int:
     return changed
 
 
+def resume_refusal(target: Target) -> str:
+    """Return why the target may not return to service now; empty when its health allows it.
+
+    The probes' verdict, its node's state and every gateway's circuit count: a target that
+    traffic would eject again at once stays out.
+    """
+    node = target.node
+    if node is not None and node.trust != NodeTrust.TRUSTED:
+        return f"{target.name}'s node {node.name} is not trusted."
+    if node is not None and node.status == NodeStatus.OFFLINE:
+        why = f": {node.last_error}" if node.last_error else ""
+        return f"{target.name}'s node {node.name} is offline{why}."
+    if target.health == TargetHealth.UNHEALTHY:
+        return f"{target.name} fails its health probes."
+    circuit = live.live_state([target.id]).targets[target.id].circuit
+    if circuit is not None:
+        return f"{target.name} is ejected ({circuit.detail})."
+    return ""
+
+
 def resume_target(target: Target, *, timeout_s: float = 3.0) -> Target:
-    """Return a draining or drained target to service, once it answers its model list again."""
+    """Return a draining or drained target to service, once it is healthy and answers its model
+    list again."""
     if target.state == TargetState.ACTIVE:
         return target
+    if refusal := resume_refusal(target):
+        raise CannotResume(refusal)
     headers = {}
     if credential := target.upstream_credential():
         headers["Authorization"] = f"Bearer {credential}"
@@ -207,6 +258,102 @@ def resume_target(target: Target, *, timeout_s: float = 3.0) -> Target:
     target.state_changed_at = timezone.now()
     target.save(update_fields=["state", "state_changed_at", "updated_at"])
     return target
+
+
+def drain_pool(pool: Pool) -> list[Target]:
+    """Drain every active target of the pool; return those that began draining."""
+    started = []
+    for target in pool.targets.filter(state=TargetState.ACTIVE):
+        started.append(drain_target(target))
+    return started
+
+
+def resume_pool(pool: Pool) -> tuple[list[Target], list[str]]:
+    """Resume every draining or drained target of the pool that may; return those resumed and
+    why each other one was refused."""
+    resumed, refusals = [], []
+    for target in pool.targets.exclude(state=TargetState.ACTIVE).select_related("node"):
+        try:
+            resumed.append(resume_target(target))
+        except CannotResume as refusal:
+            refusals.append(str(refusal))
+    return resumed, refusals
+
+
+# -- editing a pool and its targets: the pool page and the admin API alike ----------------------
+
+# What an operator changes of a target in place (the pool page's inline edit).
+TRAFFIC_FIELDS = ("priority", "capacity_weight", "enabled")
+
+
+def create_pool(fields: Mapping[str, Any]) -> Pool:
+    """Create a pool (its slug is fixed from now on); its targets come next."""
+    return Pool.objects.create(**fields)
+
+
+def add_target(pool: Pool, fields: Mapping[str, Any], *, credential: str = "") -> Target:
+    """Add a target to the pool, its credential stored encrypted (never shown again)."""
+    target = Target(pool=pool, **fields)
+    target.set_credential(credential)
+    target.save()
+    return target
+
+
+def update_target(
+    target: Target, changes: Mapping[str, Any], *, credential: str | None = None
+) -> Target:
+    """Change a target's fields (a credential given replaces the stored one; "" removes it)."""
+    for name, value in changes.items():
+        setattr(target, name, value)
+    if credential is not None:
+        target.set_credential(credential)
+    target.save()
+    return target
+
+
+def remove_target(target: Target) -> None:
+    """Remove a target: requests in flight finish; its history keeps its name."""
+    target.delete()
+
+
+def update_pool_settings(pool: Pool, changes: Mapping[str, Any]) -> Pool:
+    """Change a pool's settings (its slug stays: apps call it)."""
+    for name, value in changes.items():
+        setattr(pool, name, value)
+    pool.save()
+    return pool
+
+
+# -- Try traffic and the failure drill: real requests, run by a worker (pools.traffic) ----------
+
+
+def start_traffic(
+    pool: Pool, kind: str, params: Mapping[str, Any], user: Any, *, target: Target | None = None
+) -> TrafficRun:
+    """Store a Try traffic or drill run and queue it once committed; return the row."""
+    wanted = dict(params)
+    if target is not None:
+        wanted.update(target_id=target.pk, target_name=target.name)
+    run = TrafficRun.objects.create(
+        pool=pool, kind=kind, params=wanted, created_by=user if getattr(user, "pk", None) else None
+    )
+    # Imported here: the tasks module imports this one.
+    from pools.tasks import run_traffic
+
+    transaction.on_commit(lambda: run_traffic.delay(run.pk))
+    return run
+
+
+def run_claimed(run_id: int) -> str:
+    """Run a queued traffic run, claimed atomically: a duplicate delivery does nothing."""
+    claimed = TrafficRun.objects.filter(pk=run_id, status=TrafficRunStatus.QUEUED).update(
+        status=TrafficRunStatus.RUNNING, started_at=timezone.now()
+    )
+    run = TrafficRun.objects.select_related("pool__project", "created_by").filter(pk=run_id).first()
+    if not claimed or run is None:
+        return "not queued"
+    traffic.execute(run)
+    return run.status
 
 
 # -- managed pools: a model service's replicas (serving.pool_sync keeps them in step) ---------
@@ -333,6 +480,32 @@ def drain_finished(target_id: int, grace_s: float) -> bool:
     if target.state != TargetState.DRAINING or target.state_changed_at is None:
         return False
     return (timezone.now() - target.state_changed_at).total_seconds() >= grace_s
+
+
+def pool_activity(pool_id: int) -> tuple[int, datetime | None]:
+    """Return the requests in the pool now (queued or in flight, over every live gateway) and
+    when its latest finished request arrived (None: never, or pruned from history)."""
+    targets = list(Target.objects.filter(pool_id=pool_id).values_list("pk", flat=True))
+    state = live.live_state(targets)
+    busy = state.queued.get(pool_id, 0) + sum(
+        reading.in_flight for reading in state.targets.values()
+    )
+    last = (
+        RoutingRecord.objects.filter(pool_id=pool_id)
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    return busy, last
+
+
+def queued_requests() -> dict[int, int]:
+    """Return how many requests wait in each pool's queue, over every live gateway."""
+    queued: dict[int, int] = {}
+    for reading in live.gateway_readings():
+        for pool_id, waiting in reading.queued.items():
+            queued[pool_id] = queued.get(pool_id, 0) + waiting
+    return queued
 
 
 def drop_managed_pool(pool_id: int) -> None:

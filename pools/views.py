@@ -1,4 +1,5 @@
-"""Smart Balancer pages (the pools list, live over /ws/pools/, and a pool's detail) and /metrics."""
+"""Smart Balancer pages (the pools list, live over /ws/pools/) and /metrics; a pool's page is in
+pools.pool_views."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nexus import access, live, scopes
-from nexus.auth import TokenRefused, acting_user, bearer_token
-from nexus.models import ApiToken
+from nexus.auth import TokenRefused, bearer_token
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment
 from pools.gateway import metrics
 from pools.models import Pool
@@ -47,21 +46,6 @@ def pool_list(request: HtmxHttpRequest) -> HttpResponse:
     user = request.user
     context = pools_table_context(visible_pools(user), live.audience_of(user))
     return render_page_or_fragment(request, POOL_LIST, POOLS_TABLE, context)
-
-
-@require_GET
-@login_required
-def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    """Render one pool's settings and targets, and how to call it (404 outside the user's
-    projects, so that no name leaks)."""
-    pool = get_object_or_404(visible_pools(request.user), slug=slug)
-    # Only a prefix to recognise each by: a token's secret is never stored.
-    tokens = [
-        token
-        for token in ApiToken.objects.usable().filter(created_by=acting_user(request))
-        if token.may_call(scopes.pool(pool.slug))
-    ]
-    return render(request, "pools/pool_detail.html", {"pool": pool, "tokens": tokens})
 
 
 def metrics_refusal(request: HttpRequest) -> HttpResponse | None:

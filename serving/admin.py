@@ -16,11 +16,13 @@ from nexus.auth import acting_user
 from serving import folders, services
 from serving.launch import LaunchError
 from serving.models import (
+    AutoScalingRule,
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
     Revision,
     Route,
+    ScaleEvent,
     Service,
     ServiceLifecycle,
 )
@@ -242,3 +244,22 @@ class RouteAdmin(ReadOnlyAdmin):
         self.message_user(
             request, f"Cleared the errors of {count} route{pluralize(count)}; retrying."
         )
+
+
+@admin.register(AutoScalingRule)
+class AutoScalingRuleAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "metric_source", "condition", "step_size", "cooldown_s"]
+    list_display += ["min_replicas", "max_replicas", "created_at", "last_triggered_at"]
+    list_filter = ["metric_source", "condition"]
+    search_fields = ["service__name", "metric_name"]
+    list_select_related = ["service"]
+    readonly_fields = ["created_at", "last_triggered_at"]
+
+
+@admin.register(ScaleEvent)
+class ScaleEventAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "service", "rule_text", "value", "outcome"]
+    list_display += ["replicas_before", "replicas_after"]
+    list_filter = ["outcome", "metric_source"]
+    search_fields = ["service__name", "reason"]
+    list_select_related = ["service"]

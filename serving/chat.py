@@ -40,6 +40,8 @@ class ChatTarget:
     model: str
     # A public service takes anyone; the others need a token the page issues itself.
     needs_token: bool
+    # A service scaled to zero: the first message wakes it, and its reply waits for a replica.
+    asleep: bool = False
 
     @property
     def value(self) -> str:
@@ -52,6 +54,7 @@ def _pool_target(pool: Pool) -> ChatTarget:
 
 
 def _service_target(service: Service) -> ChatTarget:
+    asleep = service.scale_to_zero_after_s is not None and service.desired_replicas == 0
     if service.open_to_public:
         # /serve/ passes the request on as it came: the model is the one the replicas serve.
         latest = service.latest_revision
@@ -64,6 +67,7 @@ def _service_target(service: Service) -> ChatTarget:
             f"/serve/{service.name}/v1",
             model,
             False,
+            asleep,
         )
     return ChatTarget(
         "service",
@@ -73,6 +77,7 @@ def _service_target(service: Service) -> ChatTarget:
         "/v1",
         f"@pool/{service.name}",
         True,
+        asleep,
     )
 
 

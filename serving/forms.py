@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any, cast
 
 from django import forms
@@ -10,14 +10,18 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from django.utils import timezone
 from django.utils.text import slugify
 
+from nodes.models import Node
 from nodes.runtimes import RUNTIMES, Parameter, Runtime
 from serving import services
+from serving.autoscaling import PRESETS_BY_KEY, Condition, MetricSource, step_sign, with_preset
 from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.launch import COMMAND_SETTINGS, MAX_CLUSTER_SIZE, LaunchProblem
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
     SERVICE_DEFINITION_NAME,
+    AutoScalingRule,
+    FolderUsage,
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
@@ -29,6 +33,7 @@ from serving.store import DeployOption, StoreCard
 
 # A service token always expires (DESIGN.md); ten years is the longest the form offers.
 MAX_TOKEN_DAYS = 3650
+DEFAULT_TOKEN_DAYS = 30
 CUSTOM_MODES = [
     ("command", "a command line"),
     ("definition", "the folder's model definition"),
@@ -48,7 +53,52 @@ class ModelFolderForm(forms.Form):
         help_text=FOLDER_NAME_HELP,
     )
     project = forms.CharField(max_length=100, initial="default")
+    usage = forms.ChoiceField(
+        choices=FolderUsage.choices,
+        initial=FolderUsage.MODEL,
+        required=False,
+        help_text="General and data folders are mounted beside a model folder (extra mounts).",
+    )
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def clean_usage(self) -> str:
+        return self.cleaned_data["usage"] or FolderUsage.MODEL
+
+
+class NodeChoices(forms.ModelMultipleChoiceField):
+    """Nodes as checkboxes, each labelled with its trust and status."""
+
+    def label_from_instance(self, obj: Any) -> str:
+        return f"{obj.name} ({obj.get_trust_display().lower()}, {obj.get_status_display().lower()})"
+
+
+class ResourceGroupForm(forms.ModelForm):
+    """A resource group: its name (fixed once made), and every trusted node or a list."""
+
+    nodes = NodeChoices(
+        queryset=Node.objects.order_by("name"),
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Only trusted, online nodes take replicas; ignored with every node chosen.",
+    )
+
+    class Meta:
+        model = ResourceGroup
+        fields = ["name", "description", "all_nodes", "nodes"]
+        labels = {"all_nodes": "Every node"}
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            # Revisions name their group; renaming it would rewrite where they ran.
+            self.fields["name"].disabled = True
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if not cleaned.get("all_nodes") and not cleaned.get("nodes"):
+            self.add_error("nodes", "Choose the nodes, or every node.")
+        return cleaned
 
 
 class ServiceLaunchForm(forms.Form):
@@ -115,6 +165,14 @@ class ServiceLaunchForm(forms.Form):
         label="Model definition file",
         required=False,
         help_text="In the model folder; model-definition.yaml when left empty.",
+    )
+    extra_mounts = forms.CharField(
+        label="Extra mounts",
+        required=False,
+        widget=forms.Textarea(
+            attrs={"rows": 2, "placeholder": "folder=/destination, one per line"}
+        ),
+        help_text="General or data folders the definition's service also sees.",
     )
     mount_destination = forms.CharField(
         label="Mount destination",
@@ -238,6 +296,18 @@ class ServiceLaunchForm(forms.Form):
             found[name.strip()] = value
         return found
 
+    def clean_extra_mounts(self) -> list[dict[str, str]]:
+        """Return the folder=/destination lines as mounts; blank lines are skipped."""
+        found = []
+        for number, line in enumerate(self.cleaned_data["extra_mounts"].splitlines(), start=1):
+            if not line.strip():
+                continue
+            folder, equals, destination = line.partition("=")
+            if not equals:
+                raise forms.ValidationError(f"line {number}: write folder=/destination")
+            found.append({"folder": folder.strip(), "destination": destination.strip()})
+        return found
+
     def declaration(self) -> dict[str, Any]:
         """Return the cleaned form as `check_service`'s arguments."""
         data = self.cleaned_data
@@ -258,6 +328,7 @@ class ServiceLaunchForm(forms.Form):
             "model_definition_path": (
                 data["model_definition_path"] if custom and self.mode == "definition" else ""
             ),
+            "extra_mounts": data["extra_mounts"] if custom and self.mode == "definition" else [],
             "mount_destination": data["mount_destination"],
             "environ": {**environ, **data["variables"]},
             "runtime_parameters": {
@@ -298,6 +369,8 @@ class ServiceLaunchForm(forms.Form):
             if problem.file != SERVICE_DEFINITION_NAME and self.mode == "definition":
                 return "model_definition_path"
             return "model_folder"
+        if problem.path.startswith("extra_mounts"):
+            return "extra_mounts"
         head, _, key = problem.path.partition(".")
         if head == "command_settings":
             return {"port": "command_port"}.get(key, key) if key else "command"
@@ -330,6 +403,10 @@ def form_data_of(service: Service) -> dict[str, str]:
         "custom_mode": "command" if latest.command else "definition",
         "command": latest.command,
         "model_definition_path": latest.model_definition_path,
+        "extra_mounts": "\n".join(
+            f"{mount['folder']}={mount['destination']}"
+            for mount in latest.spec.get("extra_mounts") or []
+        ),
         "mount_destination": latest.mount_destination,
         "variables": "\n".join(
             f"{name}={value}" for name, value in latest.environ.items() if name not in own
@@ -397,16 +474,126 @@ def env_field(name: str) -> str:
 
 
 class ServiceTokenForm(forms.Form):
-    """A new service token: what it is for and how long it works."""
+    """A new service token: what it is for and the last day it works (the reference asks for
+    an expiry date)."""
 
     name = forms.CharField(max_length=100, help_text="What or who uses it, e.g. chat-app.")
-    valid_days = forms.IntegerField(
-        label="Valid for (days)", min_value=1, max_value=MAX_TOKEN_DAYS, initial=30
+    expires_on = forms.DateField(
+        label="Valid until",
+        widget=forms.DateInput(attrs={"type": "date"}),
+        help_text="It works through the end of this day (UTC).",
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        today = timezone.localdate()
+        self.fields["expires_on"].initial = today + timedelta(days=DEFAULT_TOKEN_DAYS)
+        self.fields["expires_on"].widget.attrs.update(
+            min=(today + timedelta(days=1)).isoformat(),
+            max=(today + timedelta(days=MAX_TOKEN_DAYS)).isoformat(),
+        )
+
+    def clean_expires_on(self) -> date:
+        chosen: date = self.cleaned_data["expires_on"]
+        today = timezone.localdate()
+        if chosen <= today:
+            raise forms.ValidationError("Choose a day after today.")
+        if chosen > today + timedelta(days=MAX_TOKEN_DAYS):
+            raise forms.ValidationError(f"Choose a day within {MAX_TOKEN_DAYS} days.")
+        return chosen
+
     def expires_at(self) -> datetime:
-        """Return when the token stops working."""
-        return timezone.now() + timedelta(days=self.cleaned_data["valid_days"])
+        """Return when the token stops working: the start of the day after the chosen one."""
+        following = self.cleaned_data["expires_on"] + timedelta(days=1)
+        return timezone.make_aware(datetime.combine(following, time.min))
+
+
+class AutoScalingRuleForm(forms.ModelForm):
+    """The autoscaling rule editor: the document's fields, in its order."""
+
+    # The preset whose values the editor last filled in: a redraw fills a preset's values only
+    # when it was just chosen, so that a query edited afterwards is kept.
+    applied_preset = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    class Meta:
+        model = AutoScalingRule
+        fields = [
+            "metric_source",
+            "metric_name",
+            "prometheus_preset",
+            "prometheus_query",
+            "condition",
+            "min_threshold",
+            "max_threshold",
+            "step_size",
+            "cooldown_s",
+            "min_replicas",
+            "max_replicas",
+            "aggregation",
+            "window_s",
+        ]
+        labels = {
+            "prometheus_preset": "Metric name (Prometheus preset)",
+            "prometheus_query": "Query",
+            "cooldown_s": "Cooldown (s)",
+            "window_s": "Window (s)",
+        }
+        widgets = {
+            "metric_source": forms.RadioSelect,
+            "condition": forms.RadioSelect,
+            "metric_name": forms.TextInput(attrs={"list": "kernel-metrics"}),
+            "prometheus_query": forms.Textarea(attrs={"rows": 2}),
+        }
+
+    def __init__(self, *args: Any, service: Service, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instance.service = service
+        if "applied_preset" not in self.initial:
+            self.initial["applied_preset"] = self.instance.prometheus_preset
+        preset = cast("forms.ChoiceField", self.fields["prometheus_preset"])
+        for name in ("metric_source", "condition"):
+            radios = cast("forms.ChoiceField", self.fields[name])
+            # Radio buttons need no "---------" choice: the field is required.
+            choices = cast("list[tuple[str, str]]", radios.choices)
+            radios.choices = [(value, label) for value, label in choices if value]
+        presets = [(p.key, p.label) for p in PRESETS_BY_KEY.values()]
+        preset.choices = [("", "— none (write the query) —"), *presets]
+
+    @property
+    def step_text(self) -> str:
+        """Return the step as the rule list shows it, signed by the condition: "±1"."""
+        condition = str(self["condition"].value() or "")
+        step = str(self["step_size"].value() or "")
+        if condition not in Condition.__members__.values():
+            return step
+        return f"{step_sign(condition)}{step}"
+
+    @property
+    def is_prometheus(self) -> bool:
+        source = self["metric_source"].value()
+        return str(source) == MetricSource.PROMETHEUS
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        # A preset fills what the editor left empty (the API does the same).
+        return with_preset(cleaned, keep=["cooldown_s"])
+
+
+def preset_filled(
+    data: Any, service: Service, instance: AutoScalingRule | None
+) -> AutoScalingRuleForm:
+    """Return the editor redrawn for a changed source, preset, condition or step: a preset
+    just chosen fills its metric name, query and cooldown; no errors are shown yet."""
+    values = {name: data.get(name, "") for name in AutoScalingRuleForm.Meta.fields}
+    preset = PRESETS_BY_KEY.get(values["prometheus_preset"])
+    values["applied_preset"] = values["prometheus_preset"]
+    chosen_now = values["prometheus_preset"] != data.get("applied_preset", "")
+    if preset is not None and chosen_now and values["metric_source"] == MetricSource.PROMETHEUS:
+        values["metric_name"] = preset.metric
+        values["prometheus_query"] = preset.query
+        if preset.cooldown_s is not None:
+            values["cooldown_s"] = str(preset.cooldown_s)
+    return AutoScalingRuleForm(initial=values, instance=instance, service=service)
 
 
 class StoreDeployForm(forms.Form):

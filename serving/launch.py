@@ -52,7 +52,12 @@ from serving.definitions import (
 from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.definitions.model_definition import DEFAULT_HEALTH_CHECK
 from serving.definitions.values import key_path
-from serving.models import ModelFolder
+from serving.models import FolderUsage, ModelFolder
+
+# The folders a model definition may mount beside its model folder (the reference: general and
+# data folders), and how many.
+EXTRA_MOUNT_USAGES = (FolderUsage.GENERAL, FolderUsage.DATA)
+MAX_EXTRA_MOUNTS = 8
 
 CUSTOM = "custom"
 # A replica spans at most this many nodes: one main and its workers.
@@ -190,6 +195,7 @@ def resolve_launch(
     runtime_parameters: Mapping[str, Any] | None = None,
     cluster_size: int = 1,
     command_settings: Mapping[str, Any] | None = None,
+    extra_mounts: Sequence[Mapping[str, Any]] | None = None,
 ) -> Launch:
     """Return the resolved launch for these launcher settings; raise LaunchError listing why not.
 
@@ -200,6 +206,8 @@ def resolve_launch(
     command or the model definition says otherwise; it defaults to the folder's name.
     `runtime_parameters` are the launcher's vLLM/SGLang tabs (nodes.runtimes.parameters);
     a `cluster_size` above 1 runs each replica as one main and workers on other nodes.
+    `extra_mounts` ([{"folder", "destination"}], a model definition's only) mount more folders
+    (general or data ones) beside the model folder; the spec keeps them as checked.
     """
     problems: list[LaunchProblem] = []
     try:
@@ -213,6 +221,8 @@ def resolve_launch(
     before_mode = len(problems)
     _check_mode(chosen, command, model_definition_path, problems)
     overrides = _checked_command_settings(command_settings, command, problems)
+    definition_mode = chosen.command is None and not command.strip()
+    mounts = _checked_extra_mounts(extra_mounts, mount_destination, definition_mode, problems)
     try:
         folders.folder_root(model_folder)
     except folders.FolderError as missing:
@@ -246,7 +256,63 @@ def resolve_launch(
         problems.extend(refused.problems)
     if problems:
         raise LaunchError(problems)
+    if mounts:
+        launch.spec["extra_mounts"] = mounts
     return launch
+
+
+def _checked_extra_mounts(
+    values: Sequence[Mapping[str, Any]] | None,
+    mount_destination: str,
+    definition_mode: bool,
+    problems: list[LaunchProblem],
+) -> list[dict[str, str]]:
+    """Return the extra mounts as the spec keeps them, recording those that cannot be used: a
+    general or data folder (never a model folder), each at its own absolute path outside the
+    model folder's mount; only a model definition takes them, as the reference says."""
+    if not values:
+        return []
+    if not definition_mode:
+        message = "only a model definition (Custom, definition file) mounts more folders"
+        problems.append(LaunchProblem("", "extra_mounts", message))
+        return []
+    if len(values) > MAX_EXTRA_MOUNTS:
+        problems.append(LaunchProblem("", "extra_mounts", f"at most {MAX_EXTRA_MOUNTS}"))
+        return []
+    main = mount_destination.rstrip("/")
+    taken: list[str] = []
+    checked: list[dict[str, str]] = []
+    for index, mount in enumerate(values):
+        path = f"extra_mounts[{index}]"
+        name = str(mount.get("folder") or "") if isinstance(mount, Mapping) else ""
+        destination = str(mount.get("destination") or "") if isinstance(mount, Mapping) else ""
+        folder = ModelFolder.objects.filter(name=name).first()
+        if folder is None:
+            problems.append(LaunchProblem("", path, f"no folder is named {name!r}"))
+            continue
+        if folder.usage not in EXTRA_MOUNT_USAGES:
+            message = f"{name} is a {folder.get_usage_display().lower()} folder; only general "
+            problems.append(LaunchProblem("", path, message + "and data folders are mounted"))
+            continue
+        inner: list[LaunchProblem] = []
+        _check_mount(destination, inner)
+        if inner:
+            problems.append(LaunchProblem("", path, f"destination {inner[0].message}"))
+            continue
+        destination = destination.rstrip("/")
+        overlapping = [main, *taken]
+        if any(
+            destination == other
+            or destination.startswith(other + "/")
+            or other.startswith(destination + "/")
+            for other in overlapping
+        ):
+            message = f"{destination} overlaps another mount ({', '.join(overlapping)})"
+            problems.append(LaunchProblem("", path, message))
+            continue
+        taken.append(destination)
+        checked.append({"folder": name, "destination": destination})
+    return checked
 
 
 def _checked_command_settings(

@@ -1,5 +1,5 @@
 """Model serving's stored objects: model folders, resource groups and presets, services with
-their immutable revisions, and routes (replicas)."""
+their immutable revisions, routes (replicas), autoscaling rules and scale events."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from django.db.models.functions import Lower
 
 from nexus.choices import choices_of
 from nexus.models import ConfigInput, ConfigInputQuerySet
+from serving.autoscaling import PRESETS, Aggregation, Condition, MetricSource, Rule, step_sign
+from serving.autoscaling import Outcome as ScaleOutcome
 from serving.health import ProbeVerdict
 from serving.scheduler import slots_text
 
@@ -41,9 +43,12 @@ def models_root() -> Path:
 
 
 class FolderUsage(models.TextChoices):
-    """What a folder is for; only model folders exist now, the value is kept for later kinds."""
+    """What a folder is for: a model's files, which services mount at their mount destination;
+    or general files or data, which a model definition's service may mount beside them."""
 
     MODEL = "model", "Model"
+    GENERAL = "general", "General"
+    DATA = "data", "Data"
 
 
 class ModelFolder(models.Model):
@@ -142,6 +147,10 @@ class ServiceLifecycle(models.TextChoices):
     DESTROYED = "destroyed", "Destroyed"
 
 
+# The shortest idle period before a service scales to zero (a few autoscaling cycles).
+MIN_IDLE_S = 10
+
+
 class Service(ConfigInput):
     """A model service (an endpoint): N replicas of its latest revision, behind one URL.
 
@@ -150,7 +159,9 @@ class Service(ConfigInput):
     """
 
     # The gateway routes /serve/<name>/ and `@pool/<name>` by these (through the pool's service).
-    config_fields = frozenset({"name", "open_to_public", "desired_replicas", "lifecycle", "pool"})
+    config_fields = frozenset(
+        {"name", "open_to_public", "desired_replicas", "scale_to_zero_after_s", "lifecycle", "pool"}
+    )
 
     objects = ConfigInputQuerySet.as_manager()
 
@@ -164,6 +175,14 @@ class Service(ConfigInput):
     open_to_public = models.BooleanField(default=False)
     desired_replicas = models.PositiveSmallIntegerField(
         default=1, validators=[MaxValueValidator(64)]
+    )
+    # None: never. Otherwise idle this long, it goes to 0 replicas; a request wakes it (it waits
+    # in the pool queue while a replica starts: docs/autoscaling.md).
+    scale_to_zero_after_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_IDLE_S)],
+        help_text="Scale to 0 replicas after this many seconds without requests; empty: never.",
     )
     lifecycle = models.CharField(
         max_length=16, choices=ServiceLifecycle.choices, default=ServiceLifecycle.ACTIVE
@@ -401,3 +420,216 @@ class RoutePart(models.Model):
 
     def __str__(self) -> str:
         return f"{self.route} rank {self.rank}"
+
+
+class TrialState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    PASSED = "passed", "Passed"  # a health probe answered as expected
+    FAILED = "failed", "Failed"  # the reason says why
+
+
+class Trial(models.Model):
+    """A trial replica of a launcher's settings ("Validate"): started on a node that fits,
+    probed as a route would be, always stopped; its log and probes kept for the popup.
+
+    `spec`, `mount_destination`, `resource_slots` and `model_folder` are the checked launch, as a
+    revision would hold them; nothing of a service is made.
+    """
+
+    project = models.CharField(max_length=100, default="default")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    model_folder = models.ForeignKey(
+        ModelFolder, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    mount_destination = models.CharField(max_length=200, default="/models")
+    runtime_variant = models.CharField(max_length=32)
+    resource_group = models.ForeignKey(
+        ResourceGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resource_slots = models.JSONField(default=dict, blank=True)
+    spec = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=TrialState.choices, default=TrialState.QUEUED)
+    reason = models.TextField(blank=True)
+    node = models.ForeignKey(
+        "nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    process_id = models.CharField(max_length=64, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    # The process's output, its latest tail; and every probe: [{"at", "passed", "detail"}].
+    log = models.TextField(blank=True)
+    probes = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"trial {self.pk} ({self.state})"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (TrialState.PASSED, TrialState.FAILED)
+
+
+def _positive(value: int) -> None:
+    if value < 1:
+        raise ValidationError("Must be at least 1.")
+
+
+class AutoScalingRule(models.Model):
+    """A rule that changes a service's replica count from a metric (serving.autoscaling).
+
+    Scale in: metric < min threshold; scale out: metric > max threshold; both: outside the range.
+    Each firing moves the count by the step, clamped to min/max replicas.
+    """
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="autoscaling_rules")
+    metric_source = models.CharField(max_length=24, choices=choices_of(MetricSource))
+    metric_name = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Kernel: cpu_util, mem, net_rx, net_tx; inference framework: a /metrics name "
+        "such as vllm:num_requests_waiting; Prometheus: the preset's metric.",
+    )
+    prometheus_preset = models.CharField(
+        max_length=64,
+        blank=True,
+        choices=[(preset.key, preset.label) for preset in PRESETS],
+    )
+    prometheus_query = models.TextField(
+        blank=True, help_text="PromQL; $service, $pool and $window are filled in."
+    )
+    condition = models.CharField(
+        max_length=16, choices=choices_of(Condition, {"scale_in_out": "Scale in & out"})
+    )
+    min_threshold = models.FloatField(null=True, blank=True, help_text="Scale in below it.")
+    max_threshold = models.FloatField(null=True, blank=True, help_text="Scale out above it.")
+    step_size = models.PositiveSmallIntegerField(default=1, validators=[_positive])
+    cooldown_s = models.PositiveIntegerField(
+        default=300, help_text="Seconds after this rule scaled before anything scales again."
+    )
+    min_replicas = models.PositiveSmallIntegerField(
+        default=1, validators=[_positive, MaxValueValidator(64)]
+    )
+    max_replicas = models.PositiveSmallIntegerField(
+        default=4, validators=[_positive, MaxValueValidator(64)]
+    )
+    aggregation = models.CharField(
+        max_length=8, choices=choices_of(Aggregation, {"p95": "p95"}), default=Aggregation.AVG
+    )
+    window_s = models.PositiveIntegerField(
+        default=60,
+        validators=[MinValueValidator(10), MaxValueValidator(3600)],
+        help_text="Samples of the last this many seconds are aggregated.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_triggered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["service", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.service.name}: {self.describe()}"
+
+    @property
+    def metric_label(self) -> str:
+        """Return the metric's name as shown ("vllm:num_requests_waiting")."""
+        return self.metric_name or self.prometheus_preset or "metric"
+
+    @property
+    def step_text(self) -> str:
+        """Return the step with its sign: "+1", "−2", "±1"."""
+        return f"{step_sign(self.condition)}{self.step_size}"
+
+    def describe(self) -> str:
+        """Say when the rule fires: "vllm:num_requests_waiting > 5"."""
+        return self.as_rule().describe(self.metric_label)
+
+    def as_rule(self) -> Rule:
+        """Return the rule as the pure evaluator takes it."""
+        return Rule(
+            id=self.pk or 0,
+            condition=Condition(self.condition),
+            min_threshold=self.min_threshold,
+            max_threshold=self.max_threshold,
+            step=self.step_size,
+            cooldown_s=float(self.cooldown_s),
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            window_s=float(self.window_s),
+            last_triggered_at=self.last_triggered_at.timestamp()
+            if self.last_triggered_at
+            else None,
+        )
+
+    def clean(self) -> None:
+        problems: dict[str, str] = {}
+        scales_in = self.condition in (Condition.SCALE_IN, Condition.SCALE_IN_OUT)
+        scales_out = self.condition in (Condition.SCALE_OUT, Condition.SCALE_IN_OUT)
+        if scales_in and self.min_threshold is None:
+            problems["min_threshold"] = "Scaling in needs a min threshold."
+        if scales_out and self.max_threshold is None:
+            problems["max_threshold"] = "Scaling out needs a max threshold."
+        if (
+            self.condition == Condition.SCALE_IN_OUT
+            and self.min_threshold is not None
+            and self.max_threshold is not None
+            and self.min_threshold >= self.max_threshold
+        ):
+            problems["max_threshold"] = "Must be above the min threshold."
+        if self.min_replicas > self.max_replicas:
+            problems["max_replicas"] = "Must be at least the min replicas."
+        if self.metric_source == MetricSource.PROMETHEUS:
+            if not self.prometheus_query.strip():
+                problems["prometheus_query"] = "A Prometheus rule needs a query (pick a preset)."
+        elif not self.metric_name.strip():
+            problems["metric_name"] = "Name the metric."
+        if problems:
+            raise ValidationError(problems)
+
+
+# A scale event's outcome, as the API schema names it (nexus/settings.py ENUM_NAME_OVERRIDES).
+SCALE_OUTCOMES = choices_of(ScaleOutcome)
+
+
+class ScaleEvent(models.Model):
+    """One evaluation of a rule that changed, or declined to change, a service's replica count.
+
+    Quiet evaluations (the metric within its thresholds) are not rows; a declined outcome
+    (no data, at a bound, cooling down, overruled) is a row when the rule's previous event had
+    another outcome, so a rule stuck in one state leaves one row, not one per cycle.
+    """
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="scale_events")
+    rule = models.ForeignKey(
+        AutoScalingRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    rule_text = models.CharField(max_length=300, help_text="The rule as it was: when it fires.")
+    # Blank for scaling to zero and waking, which follow requests, not a metric.
+    metric_source = models.CharField(max_length=24, choices=choices_of(MetricSource), blank=True)
+    value = models.FloatField(null=True, blank=True, help_text="None: no data.")
+    series = models.PositiveIntegerField(default=0)
+    window_s = models.PositiveIntegerField()
+    aggregation = models.CharField(max_length=8, choices=choices_of(Aggregation, {"p95": "p95"}))
+    replicas_before = models.PositiveSmallIntegerField()
+    replicas_after = models.PositiveSmallIntegerField()
+    outcome = models.CharField(max_length=16, choices=SCALE_OUTCOMES)
+    reason = models.TextField()
+    overruled = models.JSONField(
+        default=list, blank=True, help_text="The ids of the rules this decision overruled."
+    )
+    # Set when the count changed: no rule scales the service again before then.
+    cooldown_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["service", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.service.name}: {self.outcome} {self.replicas_before}→{self.replicas_after}"

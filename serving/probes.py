@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from nexus import upstream
 from pools.services import PoolConflict
-from serving import health
+from serving import health, live
 from serving.health import HealthCheck, Outcome, RouteHealth
 from serving.models import ProbeResult, Route, RouteState, Service
 from serving.pool_sync import sync_service_pool
@@ -89,6 +89,7 @@ def probe_due_routes(now: datetime | None = None) -> dict[str, int]:
         except PoolConflict as conflict:
             # The reconciler reports it on the service; the other services still get synced.
             log.warning("cannot sync the pool of %s: %s", service, conflict)
+        live.after_tick(service.pk)
     return {"probed": len(probes), "services_synced": len(to_sync)}
 
 

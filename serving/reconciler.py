@@ -40,7 +40,7 @@ from nodes import services as node_services
 from nodes.client import AgentRefused, AgentUnreachable
 from nodes.models import Node
 from pools import services as pool_services
-from serving import replicas
+from serving import live, replicas
 from serving.models import (
     Revision,
     RevisionState,
@@ -187,6 +187,8 @@ def reconcile(service: Service) -> str:
     finally:
         with suppress(LockError, RedisError):
             lock.release()
+        # Open pages show what the tick made of it (a row is pushed only when it changed).
+        live.after_tick(service.pk)
 
 
 def rollout_deadline_s(revision: Revision) -> float:

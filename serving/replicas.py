@@ -25,7 +25,7 @@ from nodes.models import Node
 from nodes.runtimes import fill_cluster_placeholders
 from serving import folder_sync
 from serving.folders import FolderError
-from serving.models import Revision, Route, RoutePart, RouteState
+from serving.models import ModelFolder, Revision, Route, RoutePart, RouteState
 from serving.scheduler import Need
 
 logger = logging.getLogger(__name__)
@@ -173,15 +173,40 @@ def _map_texts(value: Any, change: Callable[[list[str]], list[str]]) -> Any:
     return value
 
 
-def _map_values(value: Any, mount: str, real: str) -> Any:
+def map_mounts(text: str, mounts: Sequence[tuple[str, str]]) -> str:
+    """Return `text` mapped by the first of the (destination, real path) mounts it is under.
+
+    One pass: a path already mapped to a real one is never mapped again by another mount
+    whose destination happens to prefix it (the mounts themselves never overlap).
+    """
+    for mount, real in mounts:
+        mapped = map_mount(text, mount, real)
+        if mapped != text:
+            return mapped
+    return text
+
+
+def _map_values(value: Any, mounts: Sequence[tuple[str, str]]) -> Any:
     """Map every string in an action's arguments (nested lists and objects too)."""
     if isinstance(value, str):
-        return map_mount(value, mount, real)
+        return map_mounts(value, mounts)
     if isinstance(value, list):
-        return [_map_values(item, mount, real) for item in value]
+        return [_map_values(item, mounts) for item in value]
     if isinstance(value, dict):
-        return {key: _map_values(item, mount, real) for key, item in value.items()}
+        return {key: _map_values(item, mounts) for key, item in value.items()}
     return value
+
+
+def extra_mounts(revision: Revision) -> list[tuple[str, str]]:
+    """Return the revision's extra mounts as (destination, the folder's real path); a folder
+    deleted since is refused, as the model folder is."""
+    found = []
+    for mount in revision.spec.get("extra_mounts") or []:
+        folder = ModelFolder.objects.filter(name=mount["folder"]).first()
+        if folder is None:
+            raise ModelFolder.DoesNotExist(f"the folder {mount['folder']!r} was deleted")
+        found.append((mount["destination"], str(folder.path)))
+    return found
 
 
 def resource_need(revision: Revision) -> Need:
@@ -212,6 +237,8 @@ def process_spec(
     spec = revision.spec
     mount = (revision.mount_destination or DEFAULT_MOUNT).rstrip("/") or "/"
     real = folder_path or str(revision.folder.path)
+    # Extra folders are mounted from this machine's data dir, as the local agent sees it.
+    mounts = [(mount, real), *extra_mounts(revision)]
     need = resource_need(revision)
     health_check = spec.get("health_check") or {}
     cluster = spec.get("cluster")
@@ -229,10 +256,8 @@ def process_spec(
             {**action, "args": _map_texts(action.get("args") or {}, fill)} for action in actions
         ]
     body: dict[str, Any] = {
-        "argv": [map_mount(item, mount, real) for item in argv],
-        "env": {
-            key: map_mount(value, mount, real) for key, value in (spec.get("env") or {}).items()
-        },
+        "argv": [map_mounts(item, mounts) for item in argv],
+        "env": {key: map_mounts(value, mounts) for key, value in (spec.get("env") or {}).items()},
         "cwd": real,
         "name": process_name(route) + (f"-w{rank}" if rank else ""),
         # A process with a model is part of the node's inventory while it runs; a worker serves
@@ -256,8 +281,7 @@ def process_spec(
         body["port"] = spec["port"]
     if actions:
         body["pre_start_actions"] = [
-            {**action, "args": _map_values(action.get("args") or {}, mount, real)}
-            for action in actions
+            {**action, "args": _map_values(action.get("args") or {}, mounts)} for action in actions
         ]
     return body
 
@@ -664,3 +688,21 @@ def clear_errors_and_retry(route: Route) -> Route:
     for name, value in fields.items():
         setattr(route, name, value)
     return route
+
+
+# Lines of a replica's output the route drawer shows.
+LOG_TAIL_LINES = 100
+
+
+def log_tail(route: Route) -> str:
+    """Return the last lines of the route's process output, or why there are none: read from
+    its node's agent while it runs, else the tail kept with its latest error."""
+    if route.node is not None and route.process_id:
+        try:
+            with route.node.client() as agent:
+                return agent.process_log(route.process_id, tail=LOG_TAIL_LINES)
+        except (AgentUnreachable, AgentRefused) as error:
+            kept = route.errors[-1].get("log_tail", "") if route.errors else ""
+            return kept or f"(the log cannot be read now: {error})"
+    kept = route.errors[-1].get("log_tail", "") if route.errors else ""
+    return kept or "(no process yet)"

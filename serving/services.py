@@ -9,7 +9,7 @@ nothing behind.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,12 +53,16 @@ RESOLVED_FIELDS = (
     "environ",
     "runtime_parameters",
     "cluster_size",
+    "extra_mounts",
 )
 # What a revision is made of; a change to any of them makes a new revision.
 LAUNCH_FIELDS = (*RESOLVED_FIELDS, "resource_group", "preset", "resource_slots")
 # The service's own settings: changing them makes no revision.
-SERVICE_FIELDS = ("desired_replicas", "open_to_public")
+SERVICE_FIELDS = ("desired_replicas", "open_to_public", "scale_to_zero_after_s")
 FINISHED_ROUTES_SHOWN = 20
+# Live: a process that takes, or is about to take, requests; a failed route waiting for its
+# replacement is not, nor is one terminated. Deleting the service stops these.
+LIVE_ROUTE_STATES = (RouteState.PROVISIONING, RouteState.HEALTHY, RouteState.TERMINATING)
 M = TypeVar("M", bound=models.Model)
 
 
@@ -117,16 +121,20 @@ def check_service(
     environ: Mapping[str, str] | None = None,
     runtime_parameters: Mapping[str, Any] | None = None,
     cluster_size: int = 1,
+    extra_mounts: Sequence[Mapping[str, Any]] | None = None,
     resource_group: ResourceGroup | str | None = DEFAULT_GROUP,
     preset: ResourcePreset | str | None = None,
     resource_slots: Mapping[str, Any] | None = None,
+    naming: bool = True,
 ) -> Plan:
     """Return the checked declaration of a new service; raise ServiceError with every problem.
 
-    Model folder, resource group and preset may be given as objects or by name.
+    Model folder, resource group and preset may be given as objects or by name. Without
+    `naming` the name is not checked: a trial of the settings (Validate) makes no service.
     """
     problems: list[LaunchProblem] = []
-    _check_name(name, problems)
+    if naming:
+        _check_name(name, problems)
     _check_project(project, problems)
     _check_replicas(desired_replicas, problems)
     folder = _by_name(ModelFolder, model_folder, "model_folder", "model folder", problems)
@@ -146,6 +154,7 @@ def check_service(
             environ=environ,
             runtime_parameters=runtime_parameters,
             cluster_size=cluster_size,
+            extra_mounts=extra_mounts,
         )
     if problems:
         raise ServiceError(problems)
@@ -238,6 +247,7 @@ def update_service(service: Service, *, actor: User | None = None, **changes: An
     if problems:
         raise ServiceError(problems)
     public = bool(changes.get("open_to_public", service.open_to_public))
+    idle_s = changes.get("scale_to_zero_after_s", service.scale_to_zero_after_s)
     with transaction.atomic():
         # The row lock serialises revision numbers between concurrent updates.
         locked = Service.objects.select_for_update().get(pk=service.pk)
@@ -255,6 +265,7 @@ def update_service(service: Service, *, actor: User | None = None, **changes: An
             locked.latest_revision = revision
         locked.desired_replicas = replicas
         locked.open_to_public = public
+        locked.scale_to_zero_after_s = idle_s
         locked.save()
     service.refresh_from_db()
     assert service.latest_revision is not None
@@ -370,6 +381,44 @@ def _renew_from_files(service: Service, latest: Revision, actor: User | None) ->
     service.refresh_from_db()
 
 
+# Resource groups
+
+
+class GroupRefused(Exception):
+    """The resource group cannot be deleted; the message says why."""
+
+
+def group_in_use_reason(group: ResourceGroup) -> str:
+    """Say why the group cannot be deleted: it is the default, or revisions name it; "" when
+    it can. A destroyed service's revisions count too: they keep where they ran."""
+    if group.name == DEFAULT_GROUP:
+        return f"The resource group {group.name} is where services go unless told otherwise."
+    using = sorted(
+        Service.objects.filter(revisions__resource_group=group)
+        .values_list("name", flat=True)
+        .distinct()
+    )
+    if not using:
+        return ""
+    several = len(using) > 1
+    return (
+        f"The resource group {group.name} is used by the service{'s' if several else ''} "
+        f"{', '.join(using)} (destroyed ones included: their revisions keep where they ran)."
+    )
+
+
+def delete_resource_group(group: ResourceGroup) -> None:
+    """Delete the group; refused while it is the default or a revision names it."""
+    reason = group_in_use_reason(group)
+    if reason:
+        raise GroupRefused(reason)
+    try:
+        group.delete()
+    except models.ProtectedError as protected:
+        # A revision made since the check: refused as the check would refuse it now.
+        raise GroupRefused(group_in_use_reason(group)) from protected
+
+
 # Reading a service's state
 
 
@@ -402,6 +451,52 @@ def in_tab(services: QuerySet[Service], tab: str) -> QuerySet[Service]:
     return services.exclude(lifecycle=ServiceLifecycle.DESTROYED)
 
 
+# The list's property filter: what each property matches a value against (UI.md, "Layout").
+FILTER_PROPERTIES = {"name": "Name", "url": "Service URL", "owner": "Owner"}
+SERVICE_URL_NAME = re.compile(r"/serve/([^/?#]*)")
+
+
+def filtered(services: QuerySet[Service], prop: str, value: str) -> QuerySet[Service]:
+    """Return the services whose property contains the value (ignoring case); a URL value
+    matches by the service name it carries (`/serve/<name>/`), a whole URL or part of one."""
+    value = value.strip()
+    if not value or prop not in FILTER_PROPERTIES:
+        return services
+    if prop == "owner":
+        return services.filter(owner__username__icontains=value)
+    if prop == "url":
+        named = SERVICE_URL_NAME.search(value)
+        value = named.group(1) if named else value.strip("/")
+    return services.filter(name__icontains=value) if value else services
+
+
+def with_route_counts(services: QuerySet[Service]) -> QuerySet[Service]:
+    """Return the services annotated with `live_routes` and `finished_routes`: what deleting
+    one stops, and what its history keeps."""
+    live = Q(routes__state__in=LIVE_ROUTE_STATES)
+    return services.annotate(
+        live_routes=Count("routes", filter=live),
+        finished_routes=Count("routes", filter=Q(routes__isnull=False) & ~live),
+    )
+
+
+# What a route does with requests: (value, words), the routes card's Traffic column and filter.
+ROUTE_TRAFFIC = {
+    "taking": "Taking requests",
+    "fallback": "Only when the others are full",
+    "draining": "Draining",
+    "none": "None",
+}
+
+
+def route_traffic(route: Route) -> str:
+    """Return what the route does with requests now, a key of ROUTE_TRAFFIC."""
+    if route.state == RouteState.HEALTHY:
+        # A degraded route is ranked below every healthy one (DESIGN.md, Health).
+        return "fallback" if route.degraded else "taking"
+    return "draining" if route.state == RouteState.TERMINATING else "none"
+
+
 def shown_routes(service: Service, *, finished: bool = False) -> QuerySet[Route]:
     """Return the running routes (every one not terminated), oldest first; or the finished
     ones, newest first and at most FINISHED_ROUTES_SHOWN (a restart loop leaves hundreds)."""
@@ -411,9 +506,13 @@ def shown_routes(service: Service, *, finished: bool = False) -> QuerySet[Route]
     return routes.filter(state=RouteState.TERMINATED).order_by("-id")[:FINISHED_ROUTES_SHOWN]
 
 
-def find_service(name: str) -> Service | None:
-    """Return the service of that name: the live one, else the latest destroyed one."""
-    named = Service.objects.filter(name=name).select_related(
+def find_by_pk(service_id: int) -> Service | None:
+    """Return the service with what its page shows, or None when it is gone."""
+    return _for_page(Service.objects.filter(pk=service_id)).first()
+
+
+def _for_page(found: QuerySet[Service]) -> QuerySet[Service]:
+    return found.select_related(
         "owner",
         *(
             f"{revision}__{related}"
@@ -421,6 +520,11 @@ def find_service(name: str) -> Service | None:
             for related in ("model_folder", "resource_group", "preset")
         ),
     )
+
+
+def find_service(name: str) -> Service | None:
+    """Return the service of that name: the live one, else the latest destroyed one."""
+    named = _for_page(Service.objects.filter(name=name))
     alive = named.exclude(lifecycle=ServiceLifecycle.DESTROYED).first()
     return alive or named.order_by("-created_at", "-id").first()
 
@@ -552,6 +656,7 @@ def _settings_of(revision: Revision) -> dict[str, Any]:
         "environ": dict(revision.environ),
         "runtime_parameters": dict(revision.runtime_parameters),
         "cluster_size": revision.cluster_size,
+        "extra_mounts": list(revision.spec.get("extra_mounts") or []),
         "resource_group": revision.resource_group,
         "preset": revision.preset,
         "resource_slots": dict(revision.resource_slots),
@@ -578,6 +683,8 @@ def _changed_settings(
             value = _checked_slots(value, problems)
         elif key in ("environ", "command_settings"):
             value = dict(value or {})
+        elif key == "extra_mounts":
+            value = [dict(mount) for mount in value or []]
         elif key == "runtime_parameters":
             value = _stored_parameters(value)
         elif isinstance(value, str):
@@ -588,6 +695,9 @@ def _changed_settings(
         for key in ("command", "model_definition_path"):
             settings[key] = changes.get(key, "")
         settings["command_settings"] = dict(changes.get("command_settings") or {})
+        settings["extra_mounts"] = list(changes.get("extra_mounts") or [])
+    if str(changes.get("command") or "").strip() and "extra_mounts" not in changes:
+        settings["extra_mounts"] = []  # a pasted command mounts only the model folder
     if "runtime_variant" in changes and changes["runtime_variant"] != latest.runtime_variant:
         # Parameters are one runtime's flags: another runtime starts from its defaults.
         settings["runtime_parameters"] = _stored_parameters(changes.get("runtime_parameters"))
@@ -624,6 +734,7 @@ def _new_revision(
 ) -> Revision:
     """Create revision `number` of the service from checked settings and their launch."""
     settings.pop("mount_destination", None)
+    settings.pop("extra_mounts", None)  # resolved into the spec, which keeps them
     return Revision.objects.create(
         service=service,
         number=number,

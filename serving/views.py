@@ -9,7 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -23,14 +23,26 @@ from django.template.defaultfilters import filesizeformat
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from nexus import access
+from nexus import access, live
 from nexus.auth import acting_user
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment, require_staff
 from nexus.ui.format import count
-from serving import folder_sync, folders, services, tokens
-from serving.forms import ModelFolderForm, ServiceLaunchForm, ServiceTokenForm, form_data_of
+from serving import folder_sync, folders, replicas, services, tokens, trials
+from serving import live as serving_live
+from serving.forms import (
+    ModelFolderForm,
+    ResourceGroupForm,
+    ServiceLaunchForm,
+    ServiceTokenForm,
+    form_data_of,
+)
 from serving.launch import LaunchError, LaunchProblem
-from serving.models import ModelFolder, RouteState, Service, ServiceLifecycle
+from serving.models import (
+    ModelFolder,
+    ResourceGroup,
+    Service,
+    ServiceLifecycle,
+)
 
 FOLDER_LIST = "serving/model_folder_list.html"
 FOLDERS_SECTION = f"{FOLDER_LIST}#model-folders"
@@ -41,7 +53,6 @@ SERVICES_SECTION = "services"
 SERVICE_NEW = "serving/service_new.html"
 LAUNCH_CHECK = f"{SERVICE_NEW}#launch-check"
 VARIANT_FIELDS = f"{SERVICE_NEW}#variant-fields"
-SERVICE_STATUS = "serving/service_detail.html#service-status"
 
 
 def files_context(folder: ModelFolder) -> dict[str, Any]:
@@ -256,15 +267,29 @@ def check_launch(form: ServiceLaunchForm, owner: User | None) -> LaunchCheck:
 @require_GET
 @login_required
 def service_list(request: HttpRequest) -> HttpResponse:
-    """Render the services of a tab: active (the default) or destroyed."""
+    """Render the services of a tab, active (the default) or destroyed, filtered by a property
+    (name, service URL; owner for staff)."""
     tab = "destroyed" if request.GET.get("tab") == "destroyed" else "active"
-    visible = access.in_visible_projects(
-        request.user, Service.objects.select_related("latest_revision")
-    )
-    found = services.in_tab(services.with_ready_counts(visible), tab).order_by("name", "id")
-    rows = [{"service": s, "status": services.status_text(s)} for s in found]
-    context = {"section": SERVICES_SECTION, "tab": tab, "rows": rows}
-    return render(request, "serving/service_list.html", context)
+    properties = dict(services.FILTER_PROPERTIES)
+    if not request.user.is_staff:
+        # Others see only their projects' services, whose owners they need not know.
+        properties.pop("owner")
+    prop = request.GET.get("property", "name")
+    prop = prop if prop in properties else "name"
+    value = request.GET.get("value", "").strip()
+    visible = access.in_visible_projects(request.user, Service.objects.all())
+    found = services.filtered(services.in_tab(visible, tab), prop, value)
+    context = {
+        "section": SERVICES_SECTION,
+        "tab": tab,
+        "rows": serving_live.service_rows(serving_live.listed_services(found)),
+        "properties": properties,
+        "property": prop,
+        "property_label": properties[prop].lower(),
+        "value": value,
+        "can_manage": request.user.is_staff,
+    }
+    return render(request, serving_live.SERVICE_LIST, context)
 
 
 @require_http_methods(["GET", "POST"])
@@ -335,6 +360,34 @@ def service_check(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @login_required
+def service_validate(request: HttpRequest) -> HttpResponse:
+    """Start a trial replica of the launcher's settings; render its popup, which then follows
+    it over /ws/serving/trials/<id>/ (or says why it did not start)."""
+    require_staff(request, "validate services")
+    editing = request.POST.get("editing")
+    data = request.POST.copy()
+    # A trial makes no service: its name is neither needed nor checked.
+    data["name"] = data.get("name") or "trial"
+    form = ServiceLaunchForm(data, editing=service_or_404(request, editing) if editing else None)
+    problems: list[Any] = []
+    trial = None
+    if not form.is_valid():
+        problems = form.problems()
+    else:
+        declaration = form.declaration()
+        if form.editing is not None:
+            declaration["project"] = form.editing.project
+        try:
+            trial = trials.start_trial(acting_user(request), **declaration)
+        except LaunchError as refused:
+            problems = list(refused.problems)
+        except trials.TrialRefused as refused:
+            problems = [str(refused)]
+    return render(request, "serving/trial.html", {"trial": trial, "problems": problems})
+
+
+@require_POST
+@login_required
 def service_variant_fields(request: HttpRequest) -> HttpResponse:
     """Render the launcher's fields for the variant (and Custom mode) chosen now."""
     require_staff(request, "start services")
@@ -354,52 +407,31 @@ def service_or_404(request: HttpRequest, name: str) -> Service:
     return service
 
 
-def service_context(service: Service, *, finished_routes: bool = False) -> dict[str, Any]:
-    """Return what the service page and its live status section show; the routes card lists
-    the running routes, or the finished ones when `finished_routes`."""
-    issued_tokens = [
-        {"token": token, "state": tokens.token_status(token)}
-        for token in tokens.service_tokens(service)
-    ]
-    latest, running = service.latest_revision, service.running_revision
-    updating = service.latest_revision_id != service.running_revision_id
-    # Live: a process that takes, or is about to take, requests; a failed route waiting for
-    # its replacement is not, nor is one terminated.
-    live = Q(state__in=(RouteState.PROVISIONING, RouteState.HEALTHY, RouteState.TERMINATING))
-    return {
-        "section": SERVICES_SECTION,
-        "service": service,
-        "status": services.status_text(service),
-        "ready": services.ready_replicas(service),
-        # What deleting it stops, and what its history keeps.
-        "route_counts": service.routes.aggregate(
-            live=Count("id", filter=live), finished=Count("id", filter=~live)
-        ),
-        "latest": latest,
-        "running": running,
-        "updating": updating,
-        # Side by side while they differ (the running one is None before the first rollout).
-        "compared_revisions": [latest, running] if updating and running else [latest],
-        "routes": services.shown_routes(service, finished=finished_routes),
-        "finished_routes": finished_routes,
-        "finished_count": service.routes.filter(state=RouteState.TERMINATED).count(),
-        "finished_shown": services.FINISHED_ROUTES_SHOWN,
-        "revisions": service.revisions.order_by("-number"),
-        "tokens": issued_tokens,
-        "token_form": ServiceTokenForm(),
-        "alive": service.lifecycle == ServiceLifecycle.ACTIVE,
-    }
+@require_GET
+@login_required
+def service_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """Render a service; its live cards then arrive over /ws/serving/services/<pk>/."""
+    service = service_or_404(request, name)
+    finished = request.GET.get("routes") == "finished"
+    audience = live.audience_of(request.user)
+    context = serving_live.service_context(service, audience, finished_routes=finished)
+    context["issued"] = take_issued(request, service)
+    return render(request, serving_live.SERVICE_DETAIL, context)
 
 
 @require_GET
 @login_required
-def service_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    """Render a service, or only its live status section for an htmx request."""
+def route_detail(request: HttpRequest, name: str, route_id: int) -> HttpResponse:
+    """Render a route's drawer: where it runs, its probes, its errors and its log's tail."""
     service = service_or_404(request, name)
-    context = service_context(service, finished_routes=request.GET.get("routes") == "finished")
-    if not request.htmx:
-        context["issued"] = take_issued(request, service)
-    return render_page_or_fragment(request, "serving/service_detail.html", SERVICE_STATUS, context)
+    route = get_object_or_404(service.routes.select_related("node", "revision"), pk=route_id)
+    context = {
+        "service": service,
+        "route": route,
+        "row": serving_live.route_rows([route])[0],
+        "log": replicas.log_tail(route),
+    }
+    return render(request, "serving/route_detail.html", context)
 
 
 @require_POST
@@ -451,8 +483,10 @@ def service_delete(request: HttpRequest, name: str) -> HttpResponse:
             messages.error(request, str(refused))
         else:
             messages.success(request, f"Destroying {service.name}: its replicas are stopping.")
+        if request.GET.get("next") == "list":
+            return redirect("serving:service_list")
         return redirect("serving:service_detail", name=service.name)
-    context = {**service_context(service)}
+    context = serving_live.service_context(service, live.audience_of(request.user))
     return render(request, "serving/service_delete.html", context)
 
 
@@ -508,3 +542,83 @@ def service_token_revoke(request: HttpRequest, name: str, token_id: int) -> Http
     tokens.revoke_service_token(token)
     messages.success(request, f"Revoked token {token.name}.")
     return redirect("serving:service_detail", name=service.name)
+
+
+# Resource groups
+
+GROUP_LIST = "serving/resource_group_list.html"
+GROUPS_SECTION = "resource_groups"
+
+
+def group_rows() -> list[dict[str, Any]]:
+    """Return every resource group with its nodes and how many services (not destroyed) run
+    their latest revision in it."""
+    running = dict(
+        Service.objects.exclude(lifecycle=ServiceLifecycle.DESTROYED)
+        .values_list("latest_revision__resource_group")
+        .annotate(services=Count("id"))
+        .values_list("latest_revision__resource_group", "services")
+    )
+    return [
+        {"group": group, "nodes": list(group.nodes.all()), "services": running.get(group.pk, 0)}
+        for group in ResourceGroup.objects.prefetch_related("nodes")
+    ]
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def resource_group_list(request: HttpRequest) -> HttpResponse:
+    """Render the resource groups with a form to create one; create it on POST."""
+    form = ResourceGroupForm()
+    if request.method == "POST":
+        require_staff(request, "change resource groups")
+        form = ResourceGroupForm(request.POST)
+        if form.is_valid():
+            group = form.save()
+            messages.success(request, f"Created resource group {group.name}.")
+            return redirect("serving:resource_group_list")
+    context = {"section": GROUPS_SECTION, "rows": group_rows(), "form": form}
+    return render(request, GROUP_LIST, context, status=400 if form.errors else 200)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def resource_group_edit(request: HttpRequest, name: str) -> HttpResponse:
+    """Render a resource group's form; save which nodes it spans on POST."""
+    group = get_object_or_404(ResourceGroup, name=name)
+    require_staff(request, "change resource groups")
+    form = ResourceGroupForm(request.POST or None, instance=group)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, f"Saved resource group {group.name}.")
+        return redirect("serving:resource_group_list")
+    context = {
+        "section": GROUPS_SECTION,
+        "group": group,
+        "form": form,
+        "in_use": services.group_in_use_reason(group),
+    }
+    status = 400 if form.errors else 200
+    return render(request, "serving/resource_group_edit.html", context, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def resource_group_delete(request: HttpRequest, name: str) -> HttpResponse:
+    """Ask to confirm deleting a resource group; delete it on POST, unless a revision names it."""
+    group = get_object_or_404(ResourceGroup, name=name)
+    require_staff(request, "change resource groups")
+    if request.method == "GET":
+        context = {
+            "section": GROUPS_SECTION,
+            "group": group,
+            "in_use": services.group_in_use_reason(group),
+        }
+        return render(request, "serving/resource_group_delete.html", context)
+    try:
+        services.delete_resource_group(group)
+    except services.GroupRefused as refused:
+        messages.error(request, str(refused))
+        return redirect("serving:resource_group_edit", name=group.name)
+    messages.success(request, f"Deleted resource group {name}.")
+    return redirect("serving:resource_group_list")

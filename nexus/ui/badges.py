@@ -149,6 +149,24 @@ TOKEN_STATES = {
     "revoked": State("Revoked", Tone.OFF, TURNED_OFF, "Revoked: refused."),
 }
 
+TRIAL_STATES = {
+    "queued": State("Queued", Tone.INFO, INFO, "Waiting for the worker to start it."),
+    "running": State("Running", Tone.WARN, UNDER_WAY, "A trial replica runs and is probed."),
+    "passed": State("Passed", Tone.OK, OK, "A health probe passed; the replica was stopped."),
+    "failed": State("Failed", Tone.BAD, FAILED, "It did not pass; the replica was stopped."),
+}
+
+# An autoscaling rule's outcome in one cycle (serving.autoscaling.Outcome), as a scale event.
+SCALE_STATES = {
+    "scaled_out": State("Scaled out", Tone.OK, OK, "The rule raised the replica count."),
+    "scaled_in": State("Scaled in", Tone.OK, OK, "The rule lowered the replica count."),
+    "within": State("Within thresholds", Tone.INFO, INFO, "The metric is inside the range."),
+    "at_bound": State("At bound", Tone.INFO, INFO, "Fired, but the count is at min or max."),
+    "cooldown": State("Cooling down", Tone.INFO, INFO, "Fired, but a cooldown holds it back."),
+    "overruled": State("Overruled", Tone.OFF, INACTIVE, "Fired, but a scale-out rule won."),
+    "no_data": State("No data", Tone.WARN, WARNING, "No fresh samples: nothing is decided."),
+}
+
 # A routed request's outcome (pools.models.RoutingOutcome): what the client got.
 OUTCOME_STATES = {
     "ok": State("OK", Tone.OK, OK, "Answered by a target."),
@@ -311,6 +329,16 @@ def token(state: str, *, reason: str = "") -> Badge:
     return _badge("token", TOKEN_STATES, state, "", reason)
 
 
+def trial(state: str, *, reason: str = "") -> Badge:
+    """Return a Validate trial's state: queued, running, passed or failed (why)."""
+    return _badge("trial", TRIAL_STATES, state, "", reason)
+
+
+def scale(state: str, *, reason: str = "") -> Badge:
+    """Return what an autoscaling rule came to: scaled out or in, or why it did not."""
+    return _badge("scale", SCALE_STATES, state, "", reason)
+
+
 def outcome(state: str, *, reason: str = "") -> Badge:
     """Return a routed request's outcome: OK, or what went wrong (the failure in the title)."""
     return _badge("outcome", OUTCOME_STATES, state, "", reason)
@@ -328,6 +356,8 @@ BUILDERS: dict[str, Callable[..., Badge]] = {
     "deployment": deployment,
     "node": node,
     "token": token,
+    "trial": trial,
+    "scale": scale,
     "outcome": outcome,
 }
 
@@ -340,6 +370,8 @@ CATALOGUE: dict[str, dict[str, State]] = {
     "deployment": DEPLOYMENT_STATES,
     "node": NODE_STATES,
     "token": TOKEN_STATES,
+    "trial": TRIAL_STATES,
+    "scale": SCALE_STATES,
     "outcome": OUTCOME_STATES,
 }
 

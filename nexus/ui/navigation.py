@@ -44,6 +44,7 @@ NAVIGATION: tuple[tuple[str, tuple[Item, ...]], ...] = (
             Item("Services", "serving:service_list", ("serving:service", "serving:route")),
             Item("Model store", "store:list"),
             Item("Model folders", "serving:model_folder_list", ("serving:model_",)),
+            Item("Resource groups", "serving:resource_group_list", ("serving:resource_group",)),
             Item("Chat", "chat:page"),
         ),
     ),

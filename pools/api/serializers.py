@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from nexus import access
 from nexus.api.serializers import ProjectField
 from nodes.models import Node
+from pools import services
 from pools.models import (
     Pool,
     RequestKind,
@@ -119,15 +120,12 @@ class TargetSerializer(serializers.ModelSerializer):
 
     def create(self, validated_data: dict[str, Any]) -> Target:
         credential = validated_data.pop("credential", "")
-        target = Target(**validated_data)
-        target.set_credential(credential)
-        target.save()
-        return target
+        pool = validated_data.pop("pool")
+        return services.add_target(pool, validated_data, credential=credential)
 
     def update(self, instance: Target, validated_data: dict[str, Any]) -> Target:
-        if "credential" in validated_data:
-            instance.set_credential(validated_data.pop("credential"))
-        return super().update(instance, validated_data)
+        credential = validated_data.pop("credential", None)
+        return services.update_target(instance, validated_data, credential=credential)
 
 
 class PoolTargetSerializer(TargetSerializer):
@@ -174,6 +172,9 @@ class PoolSerializer(serializers.ModelSerializer):
         if self.instance is not None and slug != self.instance.slug:
             raise serializers.ValidationError(SLUG_IMMUTABLE)
         return slug
+
+    def update(self, instance: Pool, validated_data: dict[str, Any]) -> Pool:
+        return services.update_pool_settings(instance, validated_data)
 
 
 class RoutingRecordSerializer(serializers.ModelSerializer):
@@ -297,4 +298,12 @@ class DryRunSerializer(serializers.Serializer):
         required=False,
         default=dict,
         help_text="A request body, for prompt_cache_key, user and the prompt-prefix affinity.",
+    )
+
+
+class PoolValidateSerializer(serializers.Serializer):
+    """What Validate should do beyond asking: a one-token request per kind (real inference)."""
+
+    probe_kinds = serializers.BooleanField(
+        default=False, help_text="Send one one-token request per configured kind to each target."
     )

@@ -15,11 +15,12 @@ from rest_framework.serializers import BaseSerializer
 
 from nexus import access
 from nexus.models import Project, default_project_pk
-from pools import services
+from pools import services, validation
 from pools.api.serializers import (
     DryRunSerializer,
     HistoryFilterSerializer,
     PoolSerializer,
+    PoolValidateSerializer,
     RoutingRecordDetailSerializer,
     RoutingRecordSerializer,
     TargetSerializer,
@@ -69,6 +70,37 @@ class PoolViewSet(viewsets.ModelViewSet):
         )
         return Response(ranking)
 
+    @extend_schema(request=PoolValidateSerializer, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def validate(self, request: Request, slug: str) -> Response:
+        """Check every target and the pool (docs/pools-console.md); change nothing."""
+        asked = PoolValidateSerializer(data=request.data)
+        asked.is_valid(raise_exception=True)
+        pool = self.get_object()
+        report = validation.validate(pool, probe_kinds=asked.validated_data["probe_kinds"])
+        return Response(report.to_dict())
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path="confirm-identity")
+    def confirm_identity(self, request: Request, slug: str) -> Response:
+        """Store the caller's word that the pool's targets, as they are, serve one model."""
+        confirmation = validation.confirm_identity(self.get_object(), request.user)
+        return Response(validation.confirmation_dict(confirmation), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, slug: str) -> Response:
+        """Drain every active target of the pool; in-flight requests finish."""
+        started = services.drain_pool(self.get_object())
+        return Response({"draining": [target.name for target in started]})
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, slug: str) -> Response:
+        """Resume every draining or drained target that is healthy; say why each other is not."""
+        resumed, refusals = services.resume_pool(self.get_object())
+        return Response({"resumed": [target.name for target in resumed], "refused": refusals})
+
 
 @extend_schema_view(
     list=extend_schema(
@@ -101,6 +133,9 @@ class TargetViewSet(viewsets.ModelViewSet):
         if (pool := serializer.validated_data.get("pool")) is not None:
             access.require_change(self.request.user, pool.project.name)
         serializer.save()
+
+    def perform_destroy(self, instance: Target) -> None:
+        services.remove_target(instance)
 
     @extend_schema(request=None, responses=TargetSerializer)
     @action(detail=True, methods=["post"])

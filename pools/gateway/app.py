@@ -94,10 +94,14 @@ class Gateway:
             self._state = GatewayState()
         return self._state
 
+    def _current_pool(self, pool: PoolEntry) -> PoolEntry:
+        """Return the pool as the latest snapshot has it (itself when it is gone)."""
+        return self.registry.snapshot.pools.get(pool.slug, pool)
+
     def router(self) -> Router:
         global _serving
         if self._router is None:
-            self._router = Router(self.state)
+            self._router = Router(self.state, self._current_pool)
             self.state.start(self.registry)
             _serving = self
         return self._router

@@ -187,8 +187,12 @@ class Flight:
 class Router:
     """Route flights through one process's live state, by its operations alone."""
 
-    def __init__(self, state: GatewayState):
+    def __init__(
+        self, state: GatewayState, current: Callable[[PoolEntry], PoolEntry] | None = None
+    ):
         self.state = state
+        # The pool as the latest configuration snapshot has it (by default: as it was).
+        self._current = current or (lambda pool: pool)
 
     async def fly(self, send: Send, flight: Flight) -> None:
         """Answer the request from the best target, retrying where that is safe."""
@@ -284,12 +288,14 @@ class Router:
                     races += 1
                     if races < CLAIM_RACES:
                         continue
-            elif not decision.all_full:
+            elif not decision.all_full and not _sleeping(pool):
                 skipped = [f"{skip.name} ({_why(skip)})" for skip in decision.skipped]
                 raise _no_target(pool, flight.kind, skipped)
             await self._wait(flight, now, again=woken)
             races = 0
             woken = True
+            # A sleeping service's replica is a target of a later snapshot than the request's.
+            pool = flight.pool = self._current(pool)
 
     async def _wait(self, flight: Flight, now: float, again: bool) -> None:
         """Wait in the fair queue until a slot frees or the deadline passes.
@@ -660,6 +666,12 @@ def _no_target(pool: PoolEntry, kind: str, skipped: list[str]) -> GatewayError:
         if t.enabled and t.drain is DrainState.ACTIVE and t.health is not Health.UNHEALTHY
     )
     return errors.no_replica(pool.service.name, ready, pool.service.desired_replicas, skipped)
+
+
+def _sleeping(pool: PoolEntry) -> bool:
+    """Say whether the pool is a service scaled to zero that a request wakes (it waits)."""
+    # A retired replica's target may linger (drained) until the pool is next synced.
+    return pool.service is not None and pool.service.sleeping
 
 
 def _why(skip: Skipped) -> str:

@@ -26,6 +26,8 @@ class ServiceEntry:
     name: str
     open_to_public: bool
     desired_replicas: int
+    # Scaled to zero and woken by a request: it waits in the pool queue while a replica starts.
+    sleeping: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +212,7 @@ def _service_entry(pool: Pool) -> ServiceEntry | None:
         name=service.name,
         open_to_public=service.open_to_public,
         desired_replicas=service.desired_replicas,
+        sleeping=service.desired_replicas == 0 and service.scale_to_zero_after_s is not None,
     )
 
 

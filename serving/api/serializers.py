@@ -15,6 +15,7 @@ from serving.definitions.command_import import DEFAULT_MOUNT
 from serving.models import (
     FOLDER_NAME_HELP,
     FOLDER_NAME_MAX_LENGTH,
+    MIN_IDLE_S,
     ModelFolder,
     ResourceGroup,
     ResourcePreset,
@@ -22,6 +23,7 @@ from serving.models import (
     Route,
     RoutePart,
     Service,
+    Trial,
     validate_folder_name,
 )
 
@@ -68,8 +70,12 @@ class ModelFolderSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
         ]
-        # Only model folders exist for now; the field is there for the kinds to come.
-        read_only_fields = ["usage"]
+        extra_kwargs = {
+            "usage": {
+                "help_text": "model (the default): a model's files; general or data: folders a "
+                "model definition's service may mount beside its model folder (extra_mounts)."
+            }
+        }
 
     def create(self, validated_data: dict[str, Any]) -> ModelFolder:
         try:
@@ -286,6 +292,7 @@ class ServiceSerializer(serializers.ModelSerializer):
             "desired_replicas",
             "ready_replicas",
             "open_to_public",
+            "scale_to_zero_after_s",
             "runtime_variant",
             "latest_revision",
             "running_revision",
@@ -381,6 +388,12 @@ class LaunchFieldsSerializer(serializers.Serializer):
         help_text='vLLM/SGLang parameters by key, e.g. {"dtype": "bfloat16", "max_num_seqs": '
         '"64"}; each becomes the server\'s flag (docs/runtimes.md).',
     )
+    extra_mounts = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()),
+        required=False,
+        help_text='More folders a model definition\'s service sees: [{"folder": "datasets", '
+        '"destination": "/data"}]; general or data folders only (Custom, definition file).',
+    )
     cluster_size = serializers.IntegerField(
         default=1,
         help_text="Nodes one replica spans: 1 (Single Node), or a main and workers (Multi Node).",
@@ -399,12 +412,52 @@ class ServiceCreateSerializer(LaunchFieldsSerializer):
     desired_replicas = serializers.IntegerField(default=1, help_text="0 to 64.")
 
 
+class TrialCreateSerializer(LaunchFieldsSerializer):
+    """What a trial replica (Validate) runs: a new service's launch settings, without a name."""
+
+    project = serializers.CharField(default="default")
+
+
+class TrialSerializer(serializers.ModelSerializer):
+    """A trial replica of launch settings: where it ran, its probes, log and verdict."""
+
+    node = serializers.CharField(source="node.name", read_only=True, default=None)
+    model_folder = serializers.CharField(source="model_folder.name", read_only=True, default=None)
+
+    class Meta:
+        model = Trial
+        fields = [
+            "id",
+            "project",
+            "state",
+            "reason",
+            "model_folder",
+            "runtime_variant",
+            "node",
+            "process_id",
+            "port",
+            "probes",
+            "log",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
 class ServiceUpdateSerializer(LaunchFieldsSerializer):
     """Changes to a service (sent as PATCH: absent means unchanged). Any launch setting makes a
     new revision; replicas and public access do not."""
 
     open_to_public = serializers.BooleanField(required=False)
     desired_replicas = serializers.IntegerField(required=False, help_text="0 to 64.")
+    scale_to_zero_after_s = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=MIN_IDLE_S,
+        help_text="Scale to 0 replicas after this many idle seconds (a request wakes it); "
+        "null: never.",
+    )
 
 
 class ProblemSerializer(serializers.Serializer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from rest_framework.routers import DefaultRouter
 
-from serving.api import tokens, views
+from serving.api import autoscaling, tokens, views
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
@@ -18,11 +18,27 @@ router.register(
     tokens.ServiceTokenViewSet,
     basename="service-token",
 )
+router.register("trials", views.TrialViewSet, basename="trial")
+router.register(
+    r"services/(?P<service_name>[-A-Za-z0-9_]+)/autoscaling-rules",
+    autoscaling.AutoScalingRuleViewSet,
+    basename="autoscaling-rule",
+)
+router.register(
+    r"services/(?P<service_name>[-A-Za-z0-9_]+)/scale-events",
+    autoscaling.ScaleEventViewSet,
+    basename="scale-event",
+)
 router.register("resource-groups", views.ResourceGroupViewSet, basename="resource-group")
 router.register("resource-presets", views.ResourcePresetViewSet, basename="resource-preset")
 
 urlpatterns = [
     *router.urls,
+    path(
+        "autoscaling-presets/",
+        autoscaling.PresetListView.as_view(),
+        name="autoscaling-presets",
+    ),
     path(
         "model-folders/<str:name>/files/",
         views.ModelFolderFilesView.as_view(),

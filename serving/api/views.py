@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 from nexus import access
 from nexus.auth import ApiTokenAuthentication, acting_user
 from nexus.models import DEFAULT_PROJECT, project_named
-from serving import folders, services
+from serving import folders, services, trials
 from serving.api.serializers import (
     FileEntrySerializer,
     FileListingSerializer,
@@ -43,6 +43,8 @@ from serving.api.serializers import (
     ServiceDetailSerializer,
     ServiceSerializer,
     ServiceUpdateSerializer,
+    TrialCreateSerializer,
+    TrialSerializer,
     UploadSerializer,
     ValidateSerializer,
     ValidationResultSerializer,
@@ -57,7 +59,14 @@ from serving.definitions import (
 )
 from serving.definitions.values import item_path, key_path
 from serving.launch import LaunchError, LaunchProblem
-from serving.models import ModelFolder, ResourceGroup, ResourcePreset, Service, ServiceLifecycle
+from serving.models import (
+    ModelFolder,
+    ResourceGroup,
+    ResourcePreset,
+    Service,
+    ServiceLifecycle,
+    Trial,
+)
 
 REFUSED = OpenApiResponse(OpenApiTypes.OBJECT, description='`{"detail": "why"}`')
 FILE_PATH = OpenApiParameter(
@@ -384,6 +393,21 @@ class ServiceViewSet(
         service = services.create_service(owner=owner, **data)
         return self.detail_response(service, status.HTTP_201_CREATED)
 
+    @extend_schema(request=TrialCreateSerializer, responses={202: TrialSerializer, 400: PROBLEMS})
+    @action(detail=False, methods=["post"], url_path="validate", url_name="validate")
+    def validate(self, request: Request) -> Response:
+        """Start a trial replica of these launch settings (Validate); follow it at
+        /api/v1/trials/<id>/ until its state is passed or failed. Nothing of a service is made."""
+        project = request.data.get("project", DEFAULT_PROJECT)
+        require_project_change(request, project if isinstance(project, str) else "")
+        data = checked(TrialCreateSerializer(data=request.data))
+        owner = request.user if request.user.is_authenticated else None
+        try:
+            trial = trials.start_trial(owner, name="", **data)
+        except trials.TrialRefused as refused:
+            raise LaunchError([LaunchProblem("", "cluster_size", str(refused))]) from None
+        return Response(TrialSerializer(trial).data, status=status.HTTP_202_ACCEPTED)
+
     def partial_update(self, request: Request, name: str) -> Response:
         """Change a service: launch settings make a new revision, replicas and access do not."""
         service = self.get_object()
@@ -411,17 +435,38 @@ class ServiceViewSet(
         return Response(RouteSerializer(cleared).data)
 
 
-class ResourceGroupViewSet(
-    mixins.CreateModelMixin,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    viewsets.GenericViewSet,
-):
-    """Resource groups: the nodes a service's replicas may be placed on."""
+class TrialViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Trial replicas (Validate) of the caller's projects, by id."""
+
+    serializer_class = TrialSerializer
+    permission_classes = [access.ProjectRoles]
+
+    def get_queryset(self) -> QuerySet[Trial]:
+        return in_visible_projects(
+            self.request, Trial.objects.select_related("node", "model_folder")
+        )
+
+    def project_of(self, trial: Trial) -> str:
+        return trial.project
+
+
+@extend_schema_view(destroy=extend_schema(responses={204: None, 409: OpenApiTypes.OBJECT}))
+class ResourceGroupViewSet(viewsets.ModelViewSet):
+    """Resource groups: the nodes a service's replicas may be placed on.
+
+    Deleting one is refused (409) while it is the default group or any revision names it.
+    """
 
     queryset = ResourceGroup.objects.prefetch_related("nodes")
     serializer_class = ResourceGroupSerializer
     lookup_field = "name"
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            services.delete_resource_group(self.get_object())
+        except services.GroupRefused as refused:
+            return Response({"detail": str(refused)}, status=status.HTTP_409_CONFLICT)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ResourcePresetViewSet(

@@ -149,6 +149,14 @@
     bubble("user", text);
     const reply = bubble("assistant");
     reply.parentElement.setAttribute("aria-busy", "true");
+    // A service scaled to zero holds this message in its queue while a replica starts.
+    let waking = null;
+    if (option?.dataset.asleep === "true") {
+      waking = document.createElement("p");
+      waking.className = "chat-note";
+      waking.textContent = "The service is asleep: this message wakes it, and the reply waits while a replica starts.";
+      reply.parentElement.append(waking);
+    }
     running = new AbortController();
     busy(true);
     const started = performance.now();
@@ -183,7 +191,10 @@
         if (chunk.usage?.completion_tokens) usageTokens = chunk.usage.completion_tokens;
         const delta = chunk.choices?.[0]?.delta?.content;
         if (!delta) continue;
-        if (first === null) first = performance.now();
+        if (first === null) {
+          first = performance.now();
+          waking?.remove();
+        }
         tokens += 1;
         reply.textContent += delta;
         log.scrollTop = log.scrollHeight;

@@ -293,3 +293,29 @@ document.addEventListener("DOMContentLoaded", () => {
 });
 
 window.Nexus = { format, toast, announce };
+
+// Route filters (the service page): rows whose data-health / data-traffic differ from a chosen
+// value are hidden; applied again after a push replaces the table.
+function filterRoutes() {
+  for (const filters of document.querySelectorAll("[data-route-filters]")) {
+    const chosen = [...filters.querySelectorAll("select[data-route-filter]")]
+      .filter((select) => select.value)
+      .map((select) => [select.dataset.routeFilter, select.value]);
+    for (const row of document.querySelectorAll(`${filters.dataset.routeFilters} tbody tr`)) {
+      row.hidden = chosen.some(([name, value]) => row.dataset[name] !== value);
+    }
+  }
+}
+
+document.addEventListener("change", (event) => {
+  if (event.target.closest("select[data-route-filter]")) filterRoutes();
+});
+document.addEventListener("htmx:oobAfterSwap", filterRoutes);
+document.addEventListener("htmx:afterSwap", filterRoutes);
+
+// A dialog swapped in with data-show-modal opens at once (the Validate popup).
+document.addEventListener("htmx:afterSwap", (event) => {
+  for (const dialog of event.detail.target.querySelectorAll("dialog[data-show-modal]")) {
+    if (!dialog.open) dialog.showModal();
+  }
+});

@@ -115,9 +115,9 @@ def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready
 
     expect(page).to_have_url(re.compile(r"/serving/services/files/$"))
     expect(page.locator("#toasts")).to_contain_text("Updated files: revision 2 rolls out.")
-    notice = page.get_by_text("Applying the next revision: revision 2 is rolling out")
+    notice = page.get_by_text("The next revision is being applied: revision 2 is rolling out")
     expect(notice).to_be_visible()
-    # Gone once revision 2 runs (the live section refreshes every few seconds).
+    # Gone once revision 2 runs (the cards arrive over the page's websocket).
     expect(notice).to_have_count(0, timeout=READY_TIMEOUT_MS)
     expect(page.locator("#service-readiness")).to_have_text("1 of 1 replica ready")
     expect(page.locator("#revisions")).to_contain_text("GREETING=hello")

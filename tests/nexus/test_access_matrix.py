@@ -26,7 +26,15 @@ from nexus.management.commands.nexus_run import seed_first_run
 from nexus.models import ApiToken, Project
 from pools.models import RoutingRecord, Target
 from serving import folders, services
-from serving.models import ModelFolder, ResourceGroup, ResourcePreset, Route, RouteState
+from serving.models import (
+    AutoScalingRule,
+    ModelFolder,
+    ResourceGroup,
+    ResourcePreset,
+    Route,
+    RouteState,
+    Trial,
+)
 from serving.tokens import issue_service_token
 from tests.deployments.factories import make_deployment, make_node
 from tests.nexus.factories import make_pool, make_target
@@ -88,6 +96,12 @@ def everyone_signed_in(done: int, *, read_token: int) -> dict[Persona, int]:
     }
 
 
+RULE = {
+    "metric_source": "kernel",
+    "metric_name": "cpu_util",
+    "condition": "scale_out",
+    "max_threshold": 80,
+}
 # (URL name, method) → (body, expected status per persona). Bodies are valid where a valid body
 # lets the permission decide; an invalid one shows the caller got past it (400).
 ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
@@ -160,12 +174,32 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
         writes(201, outsider=400),
     ),
     ("service-detail", "get"): (None, reads(detail=True)),
+    # Validate: a trial of launch settings, started as a service would be, then followed.
+    ("service-validate", "post"): (
+        {"project": "acme", "model_folder": "llama", "runtime_variant": "vllm"},
+        writes(202, outsider=400),
+    ),
+    ("trial-detail", "get"): (None, reads(detail=True)),
     ("service-detail", "patch"): ({"desired_replicas": 2}, writes(200)),
     ("service-detail", "delete"): (None, writes(202)),
     ("service-route-clear-errors", "post"): (None, writes(200)),
     ("service-token-list", "get"): (None, reads(detail=True)),
     ("service-token-list", "post"): ("service-token", writes(201)),
     ("service-token-detail", "delete"): (None, writes(204)),
+    # A service's autoscaling rules and scale events: as the service.
+    ("autoscaling-rule-list", "get"): (None, reads(detail=True)),
+    ("autoscaling-rule-list", "post"): (RULE, writes(201)),
+    ("autoscaling-rule-detail", "get"): (None, reads(detail=True)),
+    ("autoscaling-rule-detail", "put"): (RULE, writes(200)),
+    ("autoscaling-rule-detail", "patch"): ({"max_threshold": 9}, writes(200)),
+    ("autoscaling-rule-detail", "delete"): (None, writes(204)),
+    # The preview runs a query and changes nothing: whoever sees the service.
+    ("autoscaling-rule-preview", "post"): (
+        {"prometheus_preset": "vllm-requests-waiting"},
+        reads(detail=True) | {P.ADMIN_READ_TOKEN: 403},
+    ),
+    ("scale-event-list", "get"): (None, reads(detail=True)),
+    ("autoscaling-presets", "get"): (None, fleet_reads()),
     # The fleet.
     ("node-list", "get"): (None, fleet_reads()),
     ("node-list", "post"): ({"name": "gpu-b", "address": NOWHERE}, fleet_writes(400)),
@@ -184,6 +218,10 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
     ("resource-group-list", "get"): (None, fleet_reads()),
     ("resource-group-list", "post"): ({"name": "rg2"}, fleet_writes(201)),
     ("resource-group-detail", "get"): (None, fleet_reads()),
+    ("resource-group-detail", "patch"): ({"description": "spare"}, fleet_writes(200)),
+    ("resource-group-detail", "put"): ({"name": "rg", "all_nodes": True}, fleet_writes(200)),
+    # No revision names "rg": it can go.
+    ("resource-group-detail", "delete"): (None, fleet_writes(204)),
     ("resource-preset-list", "get"): (None, fleet_reads()),
     ("resource-preset-list", "post"): ({"name": "large"}, fleet_writes(201)),
     ("resource-preset-detail", "get"): (None, fleet_reads()),
@@ -260,12 +298,14 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
         port=41001,
         state=RouteState.UNHEALTHY,
     )
+    rule = AutoScalingRule.objects.create(service=service, **RULE)
     service_token, _ = issue_service_token(
         service, name="app", expires_at=timezone.now() + timedelta(days=1)
     )
     deployment = make_deployment("demo", {node: NodeState.FAILED})
     ResourceGroup.objects.create(name="rg")
     ResourcePreset.objects.create(name="small")
+    trial = Trial.objects.create(project="acme", runtime_variant="vllm")
     cast = make_cast(project, client_pools=["chat"])
     token = ApiToken.objects.get(project=project, name="app", services=[])
     member = {"project_name": "acme"}
@@ -285,10 +325,13 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
             "model-folder-file": folder_kwargs | {"path": "config.json"},
             "service": {"name": "svc", "route_id": str(route.pk)},
             "service-token": {"service_name": "svc", "pk": str(service_token.pk)},
+            "autoscaling-rule": {"service_name": "svc", "pk": str(rule.pk)},
+            "scale-event": {"service_name": "svc"},
             "node": {"name": "gpu-a"},
             "deployment": {"pk": str(deployment.pk)},
             "resource-group": {"name": "rg"},
             "resource-preset": {"name": "small"},
+            "trial": {"pk": str(trial.pk)},
         },
     )
 

@@ -16,6 +16,7 @@ from nexus.models import ApiToken
 from nexus.ui import badges, charts
 from nodes.models import NodeStatus, NodeTrust
 from pools.models import RoutingOutcome, TargetHealth, TargetState
+from serving.autoscaling import Outcome as ScaleOutcome
 from serving.models import RevisionState, RouteState, ServiceLifecycle
 from serving.tokens import TokenStatus
 from tests.nexus.factories import make_user
@@ -84,6 +85,7 @@ def test_a_badge_built_in_python_renders_the_same_way() -> None:
         ("revision", [{"state": v} for v in RevisionState.values]),
         ("deployment", [{"state": v} for v in [*NodeState.values, *DeploymentState.values]]),
         ("token", [{"state": v} for v in TokenStatus.values]),
+        ("scale", [{"state": v.value} for v in ScaleOutcome]),
         ("outcome", [{"state": v} for v in RoutingOutcome.values]),
     ],
 )

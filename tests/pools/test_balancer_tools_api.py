@@ -138,3 +138,25 @@ def test_a_replay_says_what_would_change_under_the_current_configuration(
     assert replay["then"]["target_id"] == first.pk
     assert replay["now"]["ranking"][0]["name"] == "second"
     assert {"name": "first", "reason": "draining"}.items() <= replay["now"]["skipped"][0].items()
+
+
+def test_an_owner_drains_and_resumes_a_whole_pool_through_the_api(
+    owner: APIClient, engine: Simulator
+) -> None:
+    pool = make_pool("chat")
+    make_target(pool, "sim", base_url=engine.base_url, model_id="demo-8b")
+    make_target(pool, "gone", base_url=f"http://127.0.0.1:{free_port()}/v1")
+
+    drained = owner.post("/api/v1/pools/chat/drain/")
+    resumed = owner.post("/api/v1/pools/chat/resume/")
+
+    assert drained.json() == {"draining": ["sim", "gone"]}
+    assert resumed.json()["resumed"] == ["sim"]
+    [refused] = resumed.json()["refused"]
+    assert refused.startswith("gone does not answer at")
+
+
+def test_a_teammate_cannot_drain_a_pool(teammate: APIClient) -> None:
+    make_target(make_pool("chat"), "gpu-a")
+
+    assert teammate.post("/api/v1/pools/chat/drain/").status_code == 403

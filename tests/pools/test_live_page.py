@@ -20,6 +20,7 @@ from pools import live_figures
 from pools.gateway.counters import BUCKET_S, LiveCounters, bucket_of, counts_key
 from pools.gateway.publish import GatewayReadings, Publisher
 from pools.live_figures import Bucket, figures, percentile
+from serving.models import Service
 from tests.nexus.factories import make_pool, make_target, make_user
 from tests.support.personas import default_viewer
 from tests.support.sockets import refusal, socket_of
@@ -219,3 +220,17 @@ async def test_a_pool_outside_the_users_projects_has_no_socket(
 
     assert await refusal("/ws/live/chat/", "outsider") == (False, 1000)
     assert await refusal("/ws/live/") == (False, 1000)
+
+
+@pytest.mark.django_db
+def test_live_says_when_a_service_that_scales_to_zero_sleeps(prefix: str) -> None:
+    pool = make_pool("sleeper", name="Sleeper", managed=True)
+    Service.objects.create(name="sleeper", pool=pool, desired_replicas=0, scale_to_zero_after_s=60)
+    client = Client()
+    client.force_login(make_user("owner", staff=True))
+
+    overview = client.get("/live/").content.decode()
+    one = client.get("/live/sleeper/").content.decode()
+
+    assert '<small data-sleep="asleep">(asleep)</small>' in overview
+    assert 'id="live-sleep"' in one and "asleep, 0 replicas; the next request wakes it" in one

@@ -138,3 +138,17 @@ def test_the_page_preselects_a_pool_and_lists_no_service_pool_as_a_pool(client: 
     assert '<option value="pool:fast" data-base-path="/v1" data-model="@pool/fast"' in page
     assert 'data-needs-token="true" selected>Fast (@pool/fast)</option>' in page
     assert 'value="pool:chat-a"' not in page
+
+
+def test_the_page_says_which_service_is_asleep_and_that_a_message_wakes_it(
+    client: Client,
+) -> None:
+    make_service("sleeper", desired_replicas=0, scale_to_zero_after_s=60)
+    make_service("awake", desired_replicas=1, scale_to_zero_after_s=60)
+    signed_in(client, "staff", staff=True)
+
+    page = client.get("/chat/").content.decode()
+
+    asleep = [line for line in page.splitlines() if 'data-asleep="true"' in line]
+    assert len(asleep) == 1 and ">sleeper (private, asleep)<" in asleep[0]
+    assert ">awake (private)<" in page

@@ -345,24 +345,24 @@ def test_the_page_shows_status_revisions_side_by_side_and_routes(staff: Client) 
     page = text(staff.get("/serving/services/chat/"))
 
     assert '<span id="service-readiness">0 of 2 replicas ready</span>' in page
-    assert "Applying the next revision: revision 2 is rolling out while the replicas run " in page
+    assert (
+        "The next revision is being applied: revision 2 is rolling out while the replicas run "
+        "revision 1." in page
+    )
+    assert 'data-dialog="current-revision">View current revision</a>' in page
+    assert "Current revision: revision 1" in page
     assert "Latest: revision 2" in page
     assert "Running: revision 1" in page
-    assert f'<tr id="route-{route.pk}">' in page
-    assert "exited with 1" in page
+    row = page[page.index(f'<tr id="route-{route.pk}" data-health="failed_to_start"') :]
+    row = row.split("</tr>")[0]
+    assert 'data-traffic="none"' in row
+    assert f'data-dialog="route-errors-{route.pk}"' in row
+    assert "⚠ 1 error" in row
+    # The error indicator opens the route's errors as they are stored.
+    assert "&quot;exit_code&quot;: 1" in row
+    assert "exited with 1" in row
     assert f'action="/serving/services/chat/routes/{route.pk}/clear-errors/"' in page
     assert "Clear errors and retry" in page
-
-
-def test_an_htmx_refresh_renders_only_the_live_section(member: Client) -> None:
-    make_service("chat")
-
-    response = member.get("/serving/services/chat/", **HTMX)
-
-    assert text(response).lstrip().startswith('<div id="service-status"')
-    assert "Revisions</h2>" in text(response)  # their states change as they roll out
-    assert "Tokens</h2>" not in text(response)
-    assert "HX-Request" in response["Vary"]
 
 
 def test_the_page_lists_the_services_tokens_with_their_state(member: Client) -> None:
@@ -387,7 +387,8 @@ def test_the_page_lists_the_services_tokens_with_their_state(member: Client) -> 
 def test_staff_issue_a_token_whose_secret_is_shown_once(staff: Client) -> None:
     make_service("chat")
 
-    response = staff.post("/serving/services/chat/tokens/", {"name": "app", "valid_days": "7"})
+    last_day = (timezone.localdate() + timedelta(days=7)).isoformat()
+    response = staff.post("/serving/services/chat/tokens/", {"name": "app", "expires_on": last_day})
     page = text(staff.get(response.headers["Location"]))
     later = text(staff.get("/serving/services/chat/"))
 
@@ -399,19 +400,23 @@ def test_staff_issue_a_token_whose_secret_is_shown_once(staff: Client) -> None:
     assert token.services == ["chat"]
     assert ApiToken.objects.filter(token_hash=hash_token(secret)).exists()
     assert "Copy it now: it is not shown again." in page
-    assert timedelta(days=6) < token.expires_at - timezone.now() <= timedelta(days=7)
+    # Through the end of the chosen day.
+    assert (
+        token.expires_at.isoformat() == f"{timezone.localdate() + timedelta(days=8)}T00:00:00+00:00"
+    )
     assert secret not in later
     assert f'id="token-{token.pk}"' in later
 
 
-def test_a_token_needs_a_name_and_a_lifetime(staff: Client) -> None:
+def test_a_token_needs_a_name_and_a_day_after_today(staff: Client) -> None:
     make_service("chat")
+    today = timezone.localdate().isoformat()
 
     response = staff.post(
-        "/serving/services/chat/tokens/", {"name": "app", "valid_days": "0"}, follow=True
+        "/serving/services/chat/tokens/", {"name": "app", "expires_on": today}, follow=True
     )
 
-    assert "Ensure this value is greater than or equal to 1." in text(response)
+    assert "Choose a day after today." in text(response)
     assert not ApiToken.objects.exists()
 
 
@@ -473,14 +478,14 @@ def test_the_routes_card_shows_running_routes_and_the_finished_behind_a_toggle(
     page = staff.get("/serving/services/chat/")
     toggled = staff.get("/serving/services/chat/?routes=finished")
 
-    assert [route.pk for route in page.context["routes"]] == [running.pk]
+    assert [row["route"].pk for row in page.context["routes"]] == [running.pk]
     assert "Finished (25)" in text(page)
     newest = [route.pk for route in reversed(finished)][: services.FINISHED_ROUTES_SHOWN]
-    assert [route.pk for route in toggled.context["routes"]] == newest
+    assert [row["route"].pk for row in toggled.context["routes"]] == newest
     assert "The 20 most recent of 25 finished routes." in text(toggled)
     # Nothing to retry on a terminated route: its replacement is the one retried.
     assert "Clear errors and retry" not in text(toggled)
-    assert 'hx-get="/serving/services/chat/?routes=finished"' in text(toggled)
+    assert '<div id="routes-finished">' in text(toggled)
 
 
 def test_clearing_a_terminated_routes_errors_is_refused(staff: Client) -> None:
@@ -576,7 +581,7 @@ def test_update_makes_the_next_revision_only_when_the_launch_changes(staff: Clie
     service.refresh_from_db()
     assert service.latest_revision.number == 2
     assert service.latest_revision.environ == {"VLLM_TP_SIZE": "4"}
-    assert "Applying the next revision" in text(changed)
+    assert "Revision 2 is rolling out: its first replicas are starting." in text(changed)
 
 
 def test_staff_clear_a_routes_errors(staff: Client) -> None:

@@ -304,6 +304,8 @@ class Engine:
         cache = self.prefix_cache
         return {
             "model": self.config.model,
+            # What it runs at once (--concurrency): pools read it to check a target's capacity.
+            "concurrency": self.config.concurrency,
             "model_state": self.state.value,
             "loads": self.loads,
             "requests_total": self.requests_total,

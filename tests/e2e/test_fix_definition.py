@@ -1,0 +1,117 @@
+"""The reference's remedy in a real Chromium against a real daphne, a Celery worker with beat
+and an agent as the node: a model definition whose server cannot start fails its route, with the
+error on the page as it happens; the file fixed in the folder, "Clear errors and retry" runs
+the fixed definition (a new revision) and the service becomes ready."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+from pytest_django.fixtures import Settings
+
+from serving import folders, services
+from serving.models import ModelFolder, Service, models_root
+from tests.nexus.factories import make_user
+from tests.nodes.fleet import trusted_node
+from tests.support.agent import running_agent
+from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.live import LiveServer, running_nexus
+from tests.support.screenshots import screenshot
+from tests.support.worker import running_worker
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT_MS = 60_000
+HEALTH = """\
+      port: 8000
+      health_check:
+        path: /
+        interval: 0.5
+        max_retries: 2
+        max_wait_time: 1.0
+        initial_delay: 0
+"""
+# The server cannot start: it says why and exits 1.
+BROKEN = f"""\
+models:
+  - name: site
+    model_path: /models
+    service:
+      start_command:
+        - python
+        - -c
+        - "import sys; print('cannot load the model: no weights', file=sys.stderr); sys.exit(1)"
+        - ${{PORT}}
+{HEALTH}"""
+FIXED = f"""\
+models:
+  - name: site
+    model_path: /models
+    service:
+      start_command: [python, -m, http.server, "${{PORT}}", --bind, 127.0.0.1, --directory, /models]
+{HEALTH}"""
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, settings: Settings) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    settings.DATA_DIR = path
+    return path
+
+
+@pytest.fixture
+def nexus(transactional_db: None, tmp_path: Path, data_dir: Path) -> Iterator[LiveServer]:
+    make_user("owner", password=PASSWORD, staff=True)
+    site = folders.create_folder(ModelFolder(name="site"))
+    folders.write_file(site, "model-definition.yaml", [BROKEN.encode()])
+    folders.write_file(site, "index.html", [b"<p>hello</p>\n"])
+    services.create_service(name="site", model_folder=site, runtime_variant="custom")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+    with ExitStack() as stack:
+        agent = stack.enter_context(
+            running_agent(
+                tmp_path,
+                name="node-a",
+                args=["--allow-dir", str(models_root())],
+                env={"PATH": path},
+            )
+        )
+        trusted_node("node-a", agent)
+        shared = {"NEXUS_DATA_DIR": str(data_dir)}
+        server = stack.enter_context(running_nexus(tmp_path, NEXUS_LEDGER="memory", **shared))
+        stack.enter_context(
+            running_worker(
+                tmp_path, beat=True, NEXUS_SERVING_TICK_S="0.5", NEXUS_NODE_REFRESH_S="1", **shared
+            )
+        )
+        yield server
+
+
+def test_a_fixed_definition_runs_after_clear_errors_and_retry(
+    nexus: LiveServer, page: Page
+) -> None:
+    sign_in(page, nexus, "/serving/services/site/")
+    retry = page.locator("#routes-running").get_by_role("button", name="Clear errors and retry")
+    # The failure arrives over the page's websocket, with the server's own words in its log.
+    expect(retry.first).to_be_visible(timeout=TIMEOUT_MS)
+    expect(page.locator("#routes-running")).to_contain_text("the process exited with code 1")
+    screenshot(page, "serving-service-failed")
+
+    def fix() -> None:
+        folder = ModelFolder.objects.get(name="site")
+        folders.write_file(folder, "model-definition.yaml", [FIXED.encode()])
+
+    committed(fix)
+    retry.first.click()
+    expect(page.locator("#toasts")).to_contain_text("retrying it now")
+    expect(page.locator("#service-banner")).to_contain_text("Ready.", timeout=TIMEOUT_MS)
+    latest = committed(lambda: Service.objects.get(name="site").latest_revision)
+    assert latest.number == 2
+    assert latest.spec["argv"][:3] == ["python", "-m", "http.server"]
