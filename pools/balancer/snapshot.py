@@ -143,10 +143,13 @@ class Decision:
     skipped: tuple[Skipped, ...]
     all_full: bool  # eligible targets exist but all are full: the caller queues
     continuity: str  # "none" | "kept" | "yielded: <why>"
+    # Candidates of the chosen tier left out of `ranking`: a tier of more than RANK_IN_FULL
+    # candidates lists only its best ones (strategies.RANK_IN_FULL; the choice is the same).
+    unranked: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Return the decision as JSON-ready data, for history and the dry-run API."""
-        return {
+        data: dict[str, Any] = {
             "target_id": self.target_id,
             "tier": self.tier,
             "all_full": self.all_full,
@@ -173,3 +176,7 @@ class Decision:
                 for skip in self.skipped
             ],
         }
+        if self.unranked:
+            # A large tier: only its best candidates are listed (strategies.RANK_IN_FULL).
+            data["unranked"] = self.unranked
+        return data
