@@ -384,9 +384,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--strict", action="store_true", help="exit 1 if Smart misses the bar")
     parser.add_argument("--scenario", choices=("open", "closed"), default="open")
+    parser.add_argument(
+        "--only",
+        default=",".join(STRATEGIES),
+        help="closed: the strategies to run, comma-separated",
+    )
     args = parser.parse_args()
     if args.scenario == "closed":
-        closed_main()
+        closed_main(tuple(args.only.split(",")))
         return
     # The load generator and the engines share CPU 1; the gateway has CPU 0 to itself.
     os.sched_setaffinity(0, OTHER_CPU)
@@ -674,7 +679,7 @@ def closed_report(loaded: list[ClosedPhase], light: list[ClosedPhase]) -> None:
         )
 
 
-def closed_main() -> None:
+def closed_main(strategies: tuple[str, ...]) -> None:
     """Run the closed-loop scenario for every strategy, then the under-loaded one."""
     os.sched_setaffinity(0, OTHER_CPU)
     print("balancing quality, closed loop: 8 tenants, 32 sessions of 6 turns, back to back")
@@ -711,11 +716,12 @@ def closed_main() -> None:
             base = f"http://127.0.0.1:{port}"
             loaded = [
                 run_closed_phase(strategy, base, token, ports, CLOSED_SESSIONS)
-                for strategy in STRATEGIES
+                for strategy in strategies
             ]
             light = [
                 run_closed_phase(strategy, base, token, ports, UNDERLOADED_SESSIONS)
                 for strategy in ("smart", "least_busy")
+                if strategy in strategies
             ]
         finally:
             for process in reversed(processes):
