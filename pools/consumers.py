@@ -59,7 +59,7 @@ class PoolPageConsumer(TickingLiveConsumer):
     """
 
     def topic(self, user: Any, url: dict[str, Any]) -> str | None:
-        pool = pool_views.visible_pools(user).filter(slug=url["slug"]).first()
+        pool = pool_views.seen_pools(user).filter(slug=url["slug"]).first()
         if pool is None:
             return None
         self.can_manage = pool_views.may_operate(user, pool)
@@ -73,7 +73,7 @@ class TrafficRunConsumer(TickingLiveConsumer):
     """Send a Try traffic or drill run's live card every second while its page is open."""
 
     def topic(self, user: Any, url: dict[str, Any]) -> str | None:
-        pool = pool_views.visible_pools(user).filter(slug=url["slug"]).first()
+        pool = pool_views.seen_pools(user).filter(slug=url["slug"]).first()
         if pool is None or not pool.traffic_runs.filter(pk=url["pk"]).exists():
             return None
         return f"pool-{pool.slug}-run-{url['pk']}"

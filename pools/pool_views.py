@@ -14,6 +14,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -52,7 +53,7 @@ RUN_LIVE = f"{RUN_DETAIL}#run-live"
 DRY_RUN = "pools/dry_run.html"
 DRY_RUN_RESULT = f"{DRY_RUN}#dry-run-result"
 
-__all__ = ["may_operate", "pool_live", "visible_pools"]
+__all__ = ["may_operate", "pool_live", "run_live", "seen_pools"]
 
 
 def may_operate(user: Any, pool: Pool) -> bool:
@@ -98,11 +99,15 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, POOL_DETAIL, page)
 
 
+def seen_pools(user: Any) -> QuerySet[Pool]:
+    """Return the pools the user may see, with their projects."""
+    # Without the list's prefetch: a pool's pages read its targets once, with their nodes.
+    return visible_pools(user).prefetch_related(None).select_related("project")
+
+
 def seen_pool(user: Any, slug: str) -> Pool:
     """Return the pool with its project if the user may see it, else 404 (no name leaks)."""
-    # Without the list's prefetch: the page reads its targets once, with their nodes.
-    pools = visible_pools(user).prefetch_related(None).select_related("project")
-    return get_object_or_404(pools, slug=slug)
+    return get_object_or_404(seen_pools(user), slug=slug)
 
 
 def operated_pool(request: HttpRequest, slug: str) -> Pool:

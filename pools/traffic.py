@@ -14,7 +14,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -102,36 +102,36 @@ def burst(
     body: dict[str, Any],
     phase: dict[str, Any],
     concurrency: int,
-    progress: Callable[[], None],
+    save: Callable[[], None],
 ) -> None:
-    """Send the phase's planned requests, `concurrency` at a time, counting each answer."""
+    """Send the phase's planned requests, `concurrency` at a time, counting each answer, and
+    save the counts every SAVE_EVERY_S meanwhile.
+
+    Only this thread saves (the senders' threads never touch the database, so they hold no
+    connection of their own), and it saves under the counting lock, so that no count changes
+    while the phases are written.
+    """
     lock = threading.Lock()
 
     def one(_: int) -> None:
         answer = send_one(client, url, body)
         with lock:
             record(phase, answer)
-        progress()
 
     with ThreadPoolExecutor(max_workers=concurrency) as executor:
-        list(executor.map(one, range(phase["planned"])))
+        futures = [executor.submit(one, n) for n in range(phase["planned"])]
+        pending = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=SAVE_EVERY_S)
+            with lock:
+                save()
+        for future in futures:
+            future.result()
 
 
-class Progress:
-    """Save a run's phases at most every SAVE_EVERY_S while it runs (and once at the end)."""
-
-    def __init__(self, run: TrafficRun) -> None:
-        self.run = run
-        self.lock = threading.Lock()
-        self.saved_at = 0.0
-
-    def __call__(self, *, force: bool = False) -> None:
-        with self.lock:
-            now = time.monotonic()
-            if not force and now - self.saved_at < SAVE_EVERY_S:
-                return
-            self.saved_at = now
-            TrafficRun.objects.filter(pk=self.run.pk).update(phases=self.run.phases)
+def save_phases(run: TrafficRun) -> None:
+    """Write the run's phases as they are now, for its page."""
+    TrafficRun.objects.filter(pk=run.pk).update(phases=run.phases)
 
 
 def ttft_p50(phase: dict[str, Any]) -> float | None:
@@ -177,7 +177,6 @@ def execute(run: TrafficRun) -> None:
     )
     url = settings.NEXUS_CONTROLLER_URL.rstrip("/") + "/v1" + PATHS[params["kind"]]
     body = body_of(pool, params)
-    progress = Progress(run)
     headers = {"Authorization": f"Bearer {secret}"}
     limits = httpx.Limits(max_connections=params["concurrency"])
     try:
@@ -186,8 +185,7 @@ def execute(run: TrafficRun) -> None:
             def phase(name: str) -> dict[str, Any]:
                 current = new_phase(name, params["requests"])
                 run.phases.append(current)
-                burst(client, url, body, current, params["concurrency"], progress)
-                progress(force=True)
+                burst(client, url, body, current, params["concurrency"], lambda: save_phases(run))
                 return current
 
             if run.kind == TrafficRunKind.TRY:

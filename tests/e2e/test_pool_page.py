@@ -87,6 +87,8 @@ def world(transactional_db: None, tmp_path: Path) -> Iterator[World]:
             client.close()
 
 
+# Timed: in the serial pass, where no parallel test takes the CPU the page's tick needs.
+@pytest.mark.serial
 def test_drained_ejected_and_offline_targets_show_as_such_within_two_seconds(
     world: World, page: Page
 ) -> None:
@@ -120,6 +122,7 @@ def test_drained_ejected_and_offline_targets_show_as_such_within_two_seconds(
     screenshot(page, "pools-detail-states")
 
 
+@pytest.mark.serial
 def test_a_target_drained_under_traffic_reaches_drained_when_its_requests_end(
     world: World, page: Page
 ) -> None:

@@ -139,6 +139,10 @@ ROUTES: dict[tuple[str, str], tuple[Any, dict[Persona, int]]] = {
     ("pool-detail", "patch"): ({"name": "Chat 2"}, writes(200)),
     ("pool-detail", "delete"): (None, writes(204)),
     ("pool-dry-run", "post"): ({"kind": "chat"}, writes(200)),
+    ("pool-drain", "post"): (None, writes(200)),
+    ("pool-resume", "post"): (None, writes(200)),
+    ("pool-validate", "post"): ({}, writes(200)),
+    ("pool-confirm-identity", "post"): (None, writes(201)),
     ("target-list", "get"): (None, reads(detail=False)),
     ("target-list", "post"): (
         {"pool": "chat", "name": "b", "base_url": f"{NOWHERE}/v1", "model_id": "m"},
@@ -364,8 +368,9 @@ def call(client: APIClient, method: str, path: str, body: Any) -> int:
     return response.status_code
 
 
-# Routes whose allowed call reaches a node's agent (a closed loopback port here): `live` tests.
-REACHES_A_NODE = {("node-refresh", "post")}
+# Routes whose allowed call reaches a node's agent or a target (a closed loopback port here):
+# `live` tests.
+REACHES_A_NODE = {("node-refresh", "post"), ("pool-validate", "post")}
 CASES = [
     pytest.param(
         name,

@@ -93,3 +93,22 @@ def test_the_route_drawer_shows_where_it_ran_and_the_kept_log_tail() -> None:
     assert "<dt>Port</dt><dd>41001</dd>" in page
     assert "&quot;log_tail&quot;: &quot;boom\\n&quot;" in page
     assert "<code>boom\n</code>" in page
+
+
+@pytest.mark.django_db
+def test_a_reader_sees_whose_project_it_is_and_edit_disabled_while_staff_get_edit() -> None:
+    make_service("chat")
+    reader = Client()
+    reader.force_login(default_viewer("teammate"))
+    staff = Client()
+    staff.force_login(make_user("owner", staff=True))
+
+    as_reader = reader.get("/serving/services/chat/").content.decode()
+    as_staff = staff.get("/serving/services/chat/").content.decode()
+
+    assert 'id="service-project"' in as_reader and "<strong>Project default.</strong>" in as_reader
+    edit = 'class="button" disabled aria-describedby="service-project">Edit</button>'
+    assert edit in as_reader
+    assert "/serving/services/chat/edit/" not in as_reader
+    assert 'id="service-project"' not in as_staff
+    assert 'href="/serving/services/chat/edit/"' in as_staff

@@ -40,13 +40,21 @@ models:
         - "import sys; print('cannot load the model: no weights', file=sys.stderr); sys.exit(3)"
         - ${{PORT}}
 {HEALTH}"""
-SERVING = f"""\
+# Probed for up to 10 s: the server's own start may take a while on a loaded machine.
+SERVING = """\
 models:
   - name: site
     model_path: /models
     service:
-      start_command: [python, -m, http.server, "${{PORT}}", --bind, 127.0.0.1, --directory, /models]
-{HEALTH}"""
+      start_command: [python, -m, http.server, "${PORT}", --bind, 127.0.0.1, --directory, /models]
+      port: 8000
+      health_check:
+        path: /
+        interval: 0.25
+        max_retries: 40
+        max_wait_time: 1.0
+        initial_delay: 0
+"""
 SILENT = f"""\
 models:
   - name: site
