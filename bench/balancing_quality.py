@@ -30,6 +30,13 @@ measure balancing, not CPU starvation). The issue's bar: Smart's p90 TTFT below 
 Least busy's (`--strict` exits 1 when it is missed).
 
 Usage: python bench/balancing_quality.py [--users 48] [--turns 600] [--load 0.8] [--strict]
+
+`--scenario closed` runs issue 11's heterogeneous closed loop instead (see `closed_main`): 8
+tenants with long shared system prompts, 32 sessions of 6 turns each sent as soon as the previous
+turn ended, engines of 8/8/4 slots at 8/16/32 ms per token, then an under-loaded run (16
+sessions) of Smart and Least busy. It prints tokens/s, TTFT p50/p90/p99, the prefix-cache hit
+rate, the share of turns on the previous turn's engine and the sessions whose mean TTFT is over
+2 s, per strategy.
 """
 
 from __future__ import annotations
@@ -113,6 +120,20 @@ class Engine:
 
 FLEET = (Engine("fast", 60, 8, 8), Engine("medium", 120, 15, 6), Engine("slow", 250, 30, 4))
 
+# The closed-loop scenario (issue 11): slots 8/8/4 at 8/16/32 ms per token.
+CLOSED_FLEET = (
+    Engine("fast", 60, 8, 8),
+    Engine("medium", 120, 16, 8),
+    Engine("slow", 250, 32, 4),
+)
+CLOSED_TENANTS = 8
+CLOSED_SYSTEM_WORDS = 480  # a tenant's long system prompt: 30 cache blocks
+CLOSED_TURNS = 6
+CLOSED_SESSIONS = 32
+UNDERLOADED_SESSIONS = 16
+CLOSED_MAX_TOKENS = 128
+CLOSED_LIMIT_S = 120.0  # per phase, whatever is left unsent
+
 
 @dataclass
 class Turn:
@@ -192,18 +213,26 @@ class Load:
         self.headers = {"Authorization": f"Bearer {token}"}
         self.model = f"@pool/{pool}"
         self.salt = salt  # in every text: no strategy reuses another's cached prefixes
+        self.max_tokens = MAX_TOKENS
         # The same system prompt for every conversation, like one app's: it is cached everywhere.
         self.system = f"bench {salt} " + words(random.Random(salt), SYSTEM_WORDS - 2)
 
     async def turn(
-        self, session: aiohttp.ClientSession, session_id: str, messages: list[dict[str, str]]
+        self,
+        session: aiohttp.ClientSession,
+        session_id: str,
+        messages: list[dict[str, str]],
+        system: str | None = None,
     ) -> tuple[Turn, str]:
-        """Send one streamed turn; return what was measured and the assistant's text."""
+        """Send one streamed turn; return what was measured and the assistant's text.
+
+        system: this conversation's system prompt (a tenant's), else the load's own.
+        """
         body = {
             "model": self.model,
-            "messages": [{"role": "system", "content": self.system}, *messages],
+            "messages": [{"role": "system", "content": system or self.system}, *messages],
             "stream": True,
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": self.max_tokens,
         }
         headers = dict(self.headers, **{"X-Nexus-Session-Id": session_id})
         parts: list[str] = []
@@ -333,13 +362,13 @@ def history(phase: Phase, pool_slug: str, since: float) -> None:
         phase.continuity[continuity.split(":")[0]] += 1
 
 
-def create_pools(ports: dict[str, int]) -> None:
+def create_pools(ports: dict[str, int], fleet: tuple[Engine, ...] = FLEET) -> None:
     """One pool per strategy over the same engines, capacity_weight = the engine's slots."""
     from pools.models import Pool, Target
 
     for strategy in STRATEGIES:
         pool = Pool.objects.create(name=strategy, slug=strategy, strategy=strategy)
-        for position, engine in enumerate(FLEET):
+        for position, engine in enumerate(fleet):
             Target.objects.create(
                 pool=pool, name=engine.name, position=position, model_id="bench-model",
                 base_url=f"http://127.0.0.1:{ports[engine.name]}/v1",
@@ -354,7 +383,16 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.8, help="offered share of capacity")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--strict", action="store_true", help="exit 1 if Smart misses the bar")
+    parser.add_argument("--scenario", choices=("open", "closed"), default="open")
+    parser.add_argument(
+        "--only",
+        default=",".join(STRATEGIES),
+        help="closed: the strategies to run, comma-separated",
+    )
     args = parser.parse_args()
+    if args.scenario == "closed":
+        closed_main(tuple(args.only.split(",")))
+        return
     # The load generator and the engines share CPU 1; the gateway has CPU 0 to itself.
     os.sched_setaffinity(0, OTHER_CPU)
 
@@ -477,6 +515,218 @@ def report(phases: list[Phase]) -> bool:
     verdict = "met" if met else "MISSED"
     print(f"bar (smart p90 TTFT below round_robin's and least_busy's): {verdict}")
     return met
+
+
+# --- The heterogeneous closed loop (issue 11) ---------------------------------------------------
+
+
+@dataclass
+class ClosedPhase:
+    """One strategy's closed-loop run: each session's turns, in order."""
+
+    strategy: str
+    sessions: list[list[Turn]] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)  # request start to last chunk
+    seconds: float = 0.0
+    cache_hit: float = 0.0
+    woken: Counter[str] = field(default_factory=Counter)
+    continuity: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def turns(self) -> list[Turn]:
+        return [turn for session in self.sessions for turn in session]
+
+    def ttft_ms(self, q: float) -> float:
+        return percentile([t.ttft_s * 1000 for t in self.turns if t.ttft_s is not None], q)
+
+    def same_engine(self) -> float:
+        """Return the share of follow-up turns served where the previous turn was."""
+        pairs = [
+            (before.target, after.target)
+            for session in self.sessions
+            for before, after in zip(session, session[1:], strict=False)
+            if not before.error and not after.error
+        ]
+        return sum(a == b for a, b in pairs) / max(1, len(pairs))
+
+    def slow_sessions(self) -> int:
+        """Return how many sessions had a mean TTFT over 2 s."""
+        slow = 0
+        for session in self.sessions:
+            ttfts = [turn.ttft_s for turn in session if turn.ttft_s is not None]
+            if ttfts and sum(ttfts) / len(ttfts) > 2.0:
+                slow += 1
+        return slow
+
+
+async def closed_session(
+    load: Load,
+    http: aiohttp.ClientSession,
+    tenant_system: str,
+    index: int,
+    deadline: float,
+    into: ClosedPhase,
+) -> None:
+    """Send one session's turns back to back: each as soon as the previous one ended."""
+    rng = random.Random(f"{load.salt}/closed/{index}")
+    await asyncio.sleep(rng.uniform(0.0, 0.5))  # sessions do not all start in the same instant
+    messages: list[dict[str, str]] = []
+    turns: list[Turn] = []
+    into.sessions.append(turns)
+    for _ in range(CLOSED_TURNS):
+        if time.perf_counter() >= deadline:
+            return
+        messages.append({"role": "user", "content": words(rng, rng.randint(*USER_WORDS))})
+        started = time.perf_counter()
+        turn, answer = await load.turn(
+            http, f"{load.salt}-s{index}", messages, system=tenant_system
+        )
+        into.latencies_s.append(turn.done_at - started)
+        turns.append(turn)
+        messages.append({"role": "assistant", "content": answer})
+
+
+def run_closed_phase(
+    strategy: str, base: str, token: str, ports: dict[str, int], sessions: int
+) -> ClosedPhase:
+    """Warm up, then run `sessions` closed-loop sessions against the strategy's pool."""
+    salt = f"{strategy}-{sessions}"
+    load = Load(base, token, strategy, salt=salt)
+    load.max_tokens = CLOSED_MAX_TOKENS
+    asyncio.run(warm_up(load, sum(engine.concurrency for engine in CLOSED_FLEET)))
+    time.sleep(PAUSE_S)
+    tenants = [
+        f"tenant {salt} {tenant} " + words(random.Random(f"{salt}/{tenant}"), CLOSED_SYSTEM_WORDS)
+        for tenant in range(CLOSED_TENANTS)
+    ]
+    phase = ClosedPhase(strategy)
+    engine_ports = list(ports.values())
+    queried, hits = cache_counts(engine_ports)
+    since = time.time()
+
+    async def drive_all() -> float:
+        connector = aiohttp.TCPConnector(limit=sessions + 8)
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+            t0 = time.perf_counter()
+            await asyncio.gather(
+                *(
+                    closed_session(
+                        load, http, tenants[i % CLOSED_TENANTS], i, t0 + CLOSED_LIMIT_S, phase
+                    )
+                    for i in range(sessions)
+                )
+            )
+            return time.perf_counter() - t0
+
+    phase.seconds = asyncio.run(drive_all())
+    queried_after, hits_after = cache_counts(engine_ports)
+    phase.cache_hit = (hits_after - hits) / max(1.0, queried_after - queried)
+    time.sleep(1.0)  # the history writer flushes every 250 ms
+    closed_history(phase, strategy, since)
+    print(f"  {strategy} ({sessions} sessions): {len(phase.turns)} turns in "
+          f"{phase.seconds:.1f} s", flush=True)  # fmt: skip
+    return phase
+
+
+def closed_history(phase: ClosedPhase, pool_slug: str, since: float) -> None:
+    """Read which rule woke waiters and Smart's continuity verdicts from the history."""
+    from datetime import UTC, datetime
+
+    from pools.models import RoutingRecord
+
+    decisions = RoutingRecord.objects.filter(
+        pool__slug=pool_slug, created_at__gte=datetime.fromtimestamp(since, UTC)
+    ).values_list("decision", flat=True)
+    for decision in decisions:
+        woken = decision.get("woken_by")
+        if woken:
+            phase.woken[woken.split(" on ")[0]] += 1
+        phase.continuity[decision.get("continuity", "none").split(":")[0]] += 1
+
+
+def closed_report(loaded: list[ClosedPhase], light: list[ClosedPhase]) -> None:
+    """Print the table per strategy, Smart's bars and its ratios to the others."""
+    print(
+        f"{'strategy':<12}{'turns':>6}{'err':>5}{'tok/s':>7}{'p50 TTFT':>10}{'p90 TTFT':>10}"
+        f"{'p99 TTFT':>10}{'mean lat':>10}{'cache':>7}{'same eng':>9}{'>2s sess':>9}"
+    )
+    for phase in loaded + light:
+        turns = phase.turns
+        ok = [turn for turn in turns if not turn.error]
+        tokens = sum(turn.tokens for turn in ok)
+        mean = sum(phase.latencies_s) / max(1, len(phase.latencies_s))
+        name = phase.strategy + ("" if phase in loaded else " (16)")
+        print(
+            f"{name:<12}{len(turns):>6}{len(turns) - len(ok):>5}"
+            f"{tokens / max(phase.seconds, 1e-9):>7.0f}"
+            f"{phase.ttft_ms(0.5):>8.0f}ms{phase.ttft_ms(0.9):>8.0f}ms{phase.ttft_ms(0.99):>8.0f}ms"
+            f"{mean * 1000:>8.0f}ms{phase.cache_hit:>7.0%}{phase.same_engine():>9.0%}"
+            f"{phase.slow_sessions():>9}"
+        )
+    for phase in loaded:
+        if phase.strategy == "smart":
+            print("smart woken by: " + ", ".join(f"{k} {v}" for k, v in phase.woken.items()))
+            print("smart continuity: " + ", ".join(f"{k} {v}" for k, v in phase.continuity.items()))
+    by_name = {phase.strategy: phase for phase in light}
+    if "smart" in by_name and "least_busy" in by_name:
+        smart, busy = by_name["smart"], by_name["least_busy"]
+        mean_smart = sum(smart.latencies_s) / max(1, len(smart.latencies_s))
+        mean_busy = sum(busy.latencies_s) / max(1, len(busy.latencies_s))
+        print(
+            f"under-loaded: smart p90 TTFT = {smart.ttft_ms(0.9) / busy.ttft_ms(0.9):.2f} × "
+            f"least_busy, mean latency = {mean_smart / mean_busy:.2f} × least_busy"
+        )
+
+
+def closed_main(strategies: tuple[str, ...]) -> None:
+    """Run the closed-loop scenario for every strategy, then the under-loaded one."""
+    os.sched_setaffinity(0, OTHER_CPU)
+    print("balancing quality, closed loop: 8 tenants, 32 sessions of 6 turns, back to back")
+    for engine in CLOSED_FLEET:
+        print(
+            f"  engine {engine.name:<7} ttft {engine.ttft_ms:>4.0f} ms  tpot "
+            f"{engine.tpot_ms:>3.0f} ms  concurrency {engine.concurrency}"
+        )
+    with tempfile.TemporaryDirectory(prefix="nexus-bench-") as tmp:
+        tmp_path = Path(tmp)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_DATA_DIR=str(tmp_path))
+        env.pop("DATABASE_URL", None)
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            ports: dict[str, int] = {}
+            for engine in CLOSED_FLEET:
+                port = ports[engine.name] = free_port()
+                process = spawn(engine.argv(port), env, OTHER_CPU, tmp_path / f"{engine.name}.log")
+                processes.append(process)
+                wait_http(f"http://127.0.0.1:{port}/health", process)
+            from nexus import embedded_redis
+            from nexus.env import bundled_redis_socket
+
+            processes.append(embedded_redis.start(bundled_redis_socket(tmp_path)))
+            token = configure(tmp_path, {})
+            create_pools(ports, CLOSED_FLEET)
+            port = free_port()
+            gateway = spawn(
+                daphne_argv(port, "nexus.asgi:application"), env, GATEWAY_CPU,
+                tmp_path / "daphne.log",
+            )  # fmt: skip
+            processes.append(gateway)
+            wait_http(f"http://127.0.0.1:{port}/healthz", gateway)
+            base = f"http://127.0.0.1:{port}"
+            loaded = [
+                run_closed_phase(strategy, base, token, ports, CLOSED_SESSIONS)
+                for strategy in strategies
+            ]
+            light = [
+                run_closed_phase(strategy, base, token, ports, UNDERLOADED_SESSIONS)
+                for strategy in ("smart", "least_busy")
+                if strategy in strategies
+            ]
+        finally:
+            for process in reversed(processes):
+                stop(process)
+    closed_report(loaded, light)
 
 
 if __name__ == "__main__":

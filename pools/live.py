@@ -89,6 +89,8 @@ class LiveState:
             in_flight=reading.in_flight,
             engine_running=reading.engine_running if fresh else None,
             engine_waiting=reading.engine_waiting if fresh else None,
+            # Not published: the dry run counts the engine's reading beyond the current count.
+            engine_counted=None,
             ttft_s=reading.ttft_s,
             tpot_s=reading.tpot_s,
             error_rate=reading.error_rate,

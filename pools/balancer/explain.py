@@ -26,8 +26,10 @@ _R_ID, _R_NAME, _R_SCORE, _R_FACTORS = _slot_setters(
 _S_ID, _S_NAME, _S_REASON, _S_DETAIL = _slot_setters(
     Skipped, "target_id", "name", "reason", "detail"
 )
-_D_TARGET, _D_TIER, _D_RANKING, _D_SKIPPED, _D_ALL_FULL, _D_CONTINUITY = _slot_setters(
-    Decision, "target_id", "tier", "ranking", "skipped", "all_full", "continuity"
+(_D_TARGET, _D_TIER, _D_RANKING, _D_SKIPPED, _D_ALL_FULL, _D_CONTINUITY, _D_UNRANKED) = (
+    _slot_setters(
+        Decision, "target_id", "tier", "ranking", "skipped", "all_full", "continuity", "unranked"
+    )
 )
 
 
@@ -67,6 +69,7 @@ def decision(
     skips: tuple[Skipped, ...],
     all_full: bool,
     continuity: str,
+    unranked: int = 0,
 ) -> Decision:
     """Return the Decision, built cheaply."""
     built = _new(Decision)
@@ -76,6 +79,7 @@ def decision(
     _D_SKIPPED(built, skips)
     _D_ALL_FULL(built, all_full)
     _D_CONTINUITY(built, continuity)
+    _D_UNRANKED(built, unranked)
     return built
 
 

@@ -3,14 +3,21 @@
 `FairQueue` is the pure part: admission, fair share and serving order, no clock and no asyncio.
 `PoolQueue` is the thin asyncio shell the gateway awaits: one future per waiter, a deadline, and
 clean removal when the client leaves. Keep every ordering rule in `FairQueue`.
+
+A slot freed on a target goes first to a waiter whose conversation (or prompt prefix) lives on
+that target, within bounds (`FairQueue.pop_for`): its engine holds the conversation's prefix in
+its cache, so serving it there saves the prompt's recomputation, which any other waiter would
+pay wherever it went.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T", bound=Hashable)
@@ -20,11 +27,44 @@ QUEUE_FULL = "queue full"
 OVER_FAIR_SHARE = "token over its fair share"
 WAIT_TOO_LONG = "estimated wait exceeds the deadline"
 
+# Affinity-aware wake-up bounds (docs/balancer.md "Queue", chosen on the closed-loop benchmark):
+# a freed slot may go to a waiter at most MAX_PASSED places behind the next one in fair order,
+# that arrived at most MAX_LEAD_S after it; a waiter already passed over MAX_PASSED times is not
+# passed over again.
+MAX_PASSED = 8
+MAX_LEAD_S = 2.0
+# Which rule placed a woken waiter (kept in its history).
+WOKEN_IN_ORDER = "fair order"
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """Where a waiter's conversation and prompt prefix went last (target ids), if known."""
+
+    session_target_id: int | None = None
+    prefix_target_id: int | None = None
+
+
+NO_AFFINITY = Affinity()
+
+
+@dataclass(slots=True)
+class _Waiter:
+    affinity: Affinity
+    arrived_at: float  # the caller's clock (monotonic seconds); FairQueue keeps none itself
+    passed: int = 0  # how many times a later waiter took a slot before it
+
+
+def woken_for(what: str, target_name: str, passed: int) -> str:
+    """Return the history's note for a waiter woken out of fair order."""
+    earlier = "waiter" if passed == 1 else "waiters"
+    return f"{what} on {target_name}, ahead of {passed} earlier {earlier}"
+
 
 class FairQueue(Generic[T]):
     """Hold waiting tickets in one FIFO per client token and serve the tokens in turn."""
 
-    __slots__ = ("max_size", "_fifos", "_token_of")
+    __slots__ = ("max_size", "_fifos", "_token_of", "_waiters")
 
     def __init__(self, max_size: int) -> None:
         if max_size < 1:
@@ -34,6 +74,7 @@ class FairQueue(Generic[T]):
         # end. OrderedDicts give O(1) pop from the front, move to the end and removal by key.
         self._fifos: OrderedDict[int, OrderedDict[T, None]] = OrderedDict()
         self._token_of: dict[T, int] = {}
+        self._waiters: dict[T, _Waiter] = {}
 
     def __len__(self) -> int:
         return len(self._token_of)
@@ -83,10 +124,13 @@ class FairQueue(Generic[T]):
         tokens = len(self._fifos) + (0 if fifo is not None else 1)
         return held, self.max_size / tokens
 
-    def admit(self, token_id: int, ticket: T) -> str | None:
+    def admit(
+        self, token_id: int, ticket: T, *, at: float = 0.0, affinity: Affinity = NO_AFFINITY
+    ) -> str | None:
         """Queue the ticket behind its token's earlier ones; return the refusal reason, if any.
 
         In a full queue it takes the place of `victim(token_id)`, which leaves the queue.
+        at: when it arrived (the caller's clock); affinity: where its conversation lives.
         """
         if ticket in self._token_of:
             raise ValueError("this ticket is already queued")
@@ -101,9 +145,12 @@ class FairQueue(Generic[T]):
                 fifo = self._fifos[token_id] = OrderedDict()
             fifo[ticket] = None
             self._token_of[ticket] = token_id
+            self._waiters[ticket] = _Waiter(affinity, at)
         return reason
 
-    def readmit(self, token_id: int, ticket: T) -> None:
+    def readmit(
+        self, token_id: int, ticket: T, *, at: float = 0.0, affinity: Affinity = NO_AFFINITY
+    ) -> None:
         """Put back a ticket that was served but found no room: first in line, never refused."""
         if ticket in self._token_of:
             raise ValueError("this ticket is already queued")
@@ -115,25 +162,92 @@ class FairQueue(Generic[T]):
         fifo[ticket] = None
         fifo.move_to_end(ticket, last=False)
         self._token_of[ticket] = token_id
+        self._waiters[ticket] = _Waiter(affinity, at)
 
     def pop(self) -> T | None:
         """Take the next ticket: the oldest of the token whose turn it is."""
         if not self._fifos:
             return None
         token_id, fifo = next(iter(self._fifos.items()))
-        ticket, _ = fifo.popitem(last=False)
+        ticket = next(iter(fifo))
+        self._take(token_id, ticket)
+        return ticket
+
+    def pop_for(self, target_id: int, target_name: str = "") -> tuple[T, str] | None:
+        """Take the ticket a slot freed on this target goes to, and the rule that chose it.
+
+        Among the next MAX_PASSED + 1 tickets in fair order, the first whose conversation went
+        to this target last, else the first whose prompt prefix did, takes it, when it arrived
+        at most MAX_LEAD_S after the next ticket; the tickets it passes over are counted, and
+        one passed over MAX_PASSED times already ends the search (it is served in turn). Else
+        the next ticket in fair order takes it (`WOKEN_IN_ORDER`). The token of the ticket
+        taken moves to the end of the turn order, as with `pop`: taking a slot early spends
+        that token's turn, so no token gets more than its share of turns.
+        """
+        if not self._fifos:
+            return None
+        window: list[tuple[int, T]] = []
+        session_at = prefix_at = -1
+        head_arrived = 0.0
+        for token_id, ticket in self._fair_order():
+            waiter = self._waiters[ticket]
+            if not window:
+                head_arrived = waiter.arrived_at
+            window.append((token_id, ticket))
+            if waiter.arrived_at - head_arrived <= MAX_LEAD_S:
+                affinity = waiter.affinity
+                if affinity.session_target_id == target_id:
+                    session_at = len(window) - 1
+                    break
+                if prefix_at < 0 and affinity.prefix_target_id == target_id:
+                    prefix_at = len(window) - 1
+            if waiter.passed >= MAX_PASSED or len(window) > MAX_PASSED:
+                break
+        chosen, what = (
+            (session_at, "conversation")
+            if session_at >= 0
+            else (prefix_at, "prompt prefix")
+            if prefix_at >= 0
+            else (0, "")  # the next in fair order
+        )
+        for _, earlier in window[:chosen]:
+            self._waiters[earlier].passed += 1
+        token_id, ticket = window[chosen]
+        self._take(token_id, ticket)
+        return ticket, woken_for(what, target_name, chosen) if chosen else WOKEN_IN_ORDER
+
+    def _take(self, token_id: int, ticket: T) -> None:
+        """Remove a ticket being served; its token's turn is spent (end of the turn order)."""
+        fifo = self._fifos[token_id]
+        del fifo[ticket]
         del self._token_of[ticket]
+        del self._waiters[ticket]
         if fifo:
             self._fifos.move_to_end(token_id)
         else:
             del self._fifos[token_id]
-        return ticket
+
+    def _fair_order(self) -> Iterator[tuple[int, T]]:
+        """Yield (token, ticket) in the order `pop` would serve them if nobody else arrived."""
+        rounds: list[tuple[int, Iterator[T]]] = [
+            (token_id, iter(fifo)) for token_id, fifo in self._fifos.items()
+        ]
+        while rounds:
+            still: list[tuple[int, Iterator[T]]] = []
+            for token_id, tickets in rounds:
+                # At most one ticket per token per round; a token with none left drops out.
+                for ticket in tickets:
+                    yield token_id, ticket
+                    still.append((token_id, tickets))
+                    break
+            rounds = still
 
     def remove(self, ticket: T) -> bool:
         """Drop an abandoned ticket at once; return whether it was still queued."""
         token_id = self._token_of.pop(ticket, None)
         if token_id is None:
             return False
+        del self._waiters[ticket]
         fifo = self._fifos[token_id]
         del fifo[ticket]
         if not fifo:
@@ -170,18 +284,7 @@ class FairQueue(Generic[T]):
 
     def positions(self) -> dict[T, int]:
         """Return each ticket's place in line (1 = next) if nobody else arrived."""
-        places: dict[T, int] = {}
-        rounds: list[Iterator[T]] = [iter(fifo) for fifo in self._fifos.values()]
-        while rounds:
-            still: list[Iterator[T]] = []
-            for tickets in rounds:
-                # Take at most one ticket per token per round; a token with none left drops out.
-                for ticket in tickets:
-                    places[ticket] = len(places) + 1
-                    still.append(tickets)
-                    break
-            rounds = still
-        return places
+        return {ticket: place for place, (_, ticket) in enumerate(self._fair_order(), 1)}
 
 
 def estimated_wait_s(recent_service_times_s: Iterable[float], queued: int, capacity: int) -> float:
@@ -226,7 +329,8 @@ class PoolQueue:
     __slots__ = ("fair", "_service_times")
 
     def __init__(self, max_size: int, *, service_time_samples: int = 50) -> None:
-        self.fair: FairQueue[asyncio.Future[None]] = FairQueue(max_size)
+        # Each waiter's future is resolved with the rule that woke it.
+        self.fair: FairQueue[asyncio.Future[str]] = FairQueue(max_size)
         self._service_times: deque[float] = deque(maxlen=service_time_samples)
 
     def __len__(self) -> int:
@@ -241,9 +345,16 @@ class PoolQueue:
         return estimated_wait_s(self._service_times, self.fair.ahead_of_new(token_id), capacity)
 
     async def wait(
-        self, token_id: int, max_wait_s: float, *, capacity: int, again: bool = False
-    ) -> None:
-        """Wait until `wake_next` hands this request a slot.
+        self,
+        token_id: int,
+        max_wait_s: float,
+        *,
+        capacity: int,
+        again: bool = False,
+        affinity: Affinity = NO_AFFINITY,
+    ) -> str:
+        """Wait until `wake_next` or `wake_for` hands this request a slot; return the rule that
+        chose it (WOKEN_IN_ORDER, or the `woken_for` note of an affinity-aware wake-up).
 
         Raise QueueFull when it is not admitted (full, over its fair share, or an estimated
         wait beyond max_wait_s), or when, waiting over its token's fair share, it gives up its
@@ -251,9 +362,10 @@ class PoolQueue:
         client left) the request leaves the queue at once. again: the request was woken but
         found no room (another took it first); it goes back first in line, without admission.
         """
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        now = time.monotonic()
         if again:
-            self.fair.readmit(token_id, future)
+            self.fair.readmit(token_id, future, at=now, affinity=affinity)
         else:
             # Admission runs before the first await, so no wake-up can slip in between the
             # caller finding every target full and this request joining the queue.
@@ -265,18 +377,18 @@ class PoolQueue:
             if reason is not None:
                 raise QueueFull(reason, retry_after_s(self._service_times, ahead, capacity))
             victim = self.fair.victim(token_id)
-            self.fair.admit(token_id, future)
+            self.fair.admit(token_id, future, at=now, affinity=affinity)
             if victim is not None and not victim.done():
                 # It waited behind its own token's earlier requests, at the end of the queue.
                 wait_s = retry_after_s(self._service_times, len(self.fair), capacity)
                 victim.set_exception(QueueFull(OVER_FAIR_SHARE, wait_s))
         try:
             async with asyncio.timeout(max_wait_s):
-                await future
+                return await future
         except TimeoutError:
             if self._granted(future):
                 # The slot arrived in the same loop turn as the deadline: use it.
-                return
+                return future.result()
             self.fair.remove(future)
             raise QueueTimeout(max_wait_s) from None
         except asyncio.CancelledError:
@@ -291,10 +403,20 @@ class PoolQueue:
         while (future := self.fair.pop()) is not None:
             # A waiter cancelled in this loop turn has not run its cleanup yet: skip it.
             if not future.done():
-                future.set_result(None)
+                future.set_result(WOKEN_IN_ORDER)
+                return True
+        return False
+
+    def wake_for(self, target_id: int, target_name: str) -> bool:
+        """Hand a slot freed on this target to the waiter `FairQueue.pop_for` picks; return
+        whether one took it."""
+        while (taken := self.fair.pop_for(target_id, target_name)) is not None:
+            future, rule = taken
+            if not future.done():
+                future.set_result(rule)
                 return True
         return False
 
     @staticmethod
-    def _granted(future: asyncio.Future[None]) -> bool:
+    def _granted(future: asyncio.Future[str]) -> bool:
         return future.done() and not future.cancelled()

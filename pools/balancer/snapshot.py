@@ -72,6 +72,9 @@ class TargetView:
     in_flight: int = 0  # requests Nexus has on it (the ledger's count)
     engine_running: int | None = None  # from the engine's /metrics, None when unknown or stale
     engine_waiting: int | None = None
+    # Nexus's own in-flight count on the target when the engine was read: the engine's count
+    # above it is other clients' load. None: unknown, the engine's count is taken as it is.
+    engine_counted: int | None = None
     ttft_s: float | None = None  # EWMA of time to first token, None when no sample yet
     tpot_s: float | None = None  # EWMA of time per output token
     error_rate: float = 0.0  # recent share of failed requests, 0..1
@@ -140,10 +143,13 @@ class Decision:
     skipped: tuple[Skipped, ...]
     all_full: bool  # eligible targets exist but all are full: the caller queues
     continuity: str  # "none" | "kept" | "yielded: <why>"
+    # Candidates of the chosen tier left out of `ranking`: a tier of more than RANK_IN_FULL
+    # candidates lists only its best ones (strategies.RANK_IN_FULL; the choice is the same).
+    unranked: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Return the decision as JSON-ready data, for history and the dry-run API."""
-        return {
+        data: dict[str, Any] = {
             "target_id": self.target_id,
             "tier": self.tier,
             "all_full": self.all_full,
@@ -170,3 +176,7 @@ class Decision:
                 for skip in self.skipped
             ],
         }
+        if self.unranked:
+            # A large tier: only its best candidates are listed (strategies.RANK_IN_FULL).
+            data["unranked"] = self.unranked
+        return data

@@ -7,9 +7,9 @@ explanation through explain's cheap constructors. docs/balancer.md states the ru
 
 from __future__ import annotations
 
+import heapq
 import random
-from collections.abc import Callable, Sequence
-from operator import attrgetter
+from collections.abc import Callable, Iterable, Sequence
 
 from pools.balancer import explain
 from pools.balancer.explain import _F_NAME, _F_NOTE, _F_VALUE, _R_FACTORS, _R_ID, _R_NAME, _R_SCORE
@@ -49,17 +49,32 @@ _CIRCUIT_OPEN = SkipReason.CIRCUIT_OPEN
 _DISABLED = SkipReason.DISABLED
 _SKIP_DRAIN = {DrainState.DRAINING: SkipReason.DRAINING, DrainState.DRAINED: SkipReason.DRAINED}
 _WARM = Factor("warm", -WARM_BONUS, explain.NOTE_WARM)
-_SCORE = attrgetter("score")
+# A tier of more candidates than this ranks only its best ones in full (with every one tied
+# for the first place and the sticky or prefix target); the decision counts the rest.
+RANK_IN_FULL = 16
 
 
 def load_of(target: TargetView) -> int:
-    """Return the target's load: Nexus's in-flight count, or the engine's own when larger."""
+    """Return the target's load: Nexus's in-flight count plus what the engine reports beyond it."""
     running = target.engine_running
     waiting = target.engine_waiting
     if running is None and waiting is None:
         return target.in_flight
-    # The engine may serve other clients too, so its count can exceed ours.
-    return max(target.in_flight, (running or 0) + (waiting or 0))
+    return engine_load(target.in_flight, (running or 0) + (waiting or 0), target.engine_counted)
+
+
+def engine_load(in_flight: int, engine: int, counted: int | None) -> int:
+    """Return in_flight plus the engine's count beyond `counted`, Nexus's own count when the
+    engine was read (None: unknown, taken as in_flight).
+
+    The rest of the engine's count are Nexus's own requests, which in_flight counts as of now: a
+    reading taken before Nexus's last change to the target's load (a request finished or started
+    since) adds only other clients' load, never Nexus's own requests a second time, so a target
+    that Nexus alone uses looks exactly as busy as Nexus keeps it, and idle once idle
+    (docs/balancer.md "Load signals").
+    """
+    others = engine - (in_flight if counted is None else counted)
+    return in_flight + others if others > 0 else in_flight
 
 
 def skip_reason(target: TargetView, kind: str, exclude: frozenset[int]) -> SkipReason | None:
@@ -203,9 +218,11 @@ def decide(
 
     ranking: tuple[Ranked, ...] = ()
     continuity = None
+    unranked = 0
     if tier is not None:
         healthy, degraded, _ = tiers[tier]
         ranking, continuity = strategy(healthy, degraded, policy, request, rng, turn)
+        unranked = len(healthy) + len(degraded) - len(ranking)
     if continuity is None:
         continuity = _continuity_elsewhere(targets, policy, request, skipped, tier)
     return explain.decision(
@@ -215,6 +232,7 @@ def decide(
         tuple(skipped),
         tier is None and any_full,
         continuity,
+        unranked,
     )
 
 
@@ -331,34 +349,25 @@ def _smart(
     sticky_index = prefix_index = -1
     affinity = sticky is not None or prefix is not None
 
-    # The hot loop: one pass scores each candidate and builds its explanation, writing the
-    # slots of Factor and Ranked directly (see explain) and sharing target-independent factors.
-    new = object.__new__
-    set_f_name, set_f_value, set_f_note = _F_NAME, _F_VALUE, _F_NOTE
-    set_r_id, set_r_name, set_r_score, set_r_factors = _R_ID, _R_NAME, _R_SCORE, _R_FACTORS
-    utilization_factors = explain.shared_factors("utilization")
-    no_latency, no_errors = explain.NO_LATENCY_SAMPLES, explain.NO_ERRORS
-    warm, cold, no_continuity = _WARM, explain.COLD, explain.NO_CONTINUITY
+    # The hot loop: one pass scores each candidate, keeping the terms its explanation needs;
+    # the explanation itself (Factor and Ranked objects) is built afterwards, and for large
+    # tiers only for the candidates ranked in full (`_chosen_indices`).
     low, high = MIN_RELATIVE_TIME, MAX_RELATIVE_TIME
-    ranked_list: list[Ranked] = []
     scores: list[float] = []
+    utilizations: list[float] = []
+    latencies: list[float | None] = []  # score - utilization from speed; None: no samples
     for index, target in enumerate(candidates):
         load = target.in_flight
         running = target.engine_running
         waiting = target.engine_waiting
         if running is not None or waiting is not None:
-            # The engine may serve other clients too, so its count can exceed ours.
-            engine = (running or 0) + (waiting or 0)
-            if engine > load:
-                load = engine
+            # The engine may serve other clients too (load_of says how that counts).
+            load = engine_load(load, (running or 0) + (waiting or 0), target.engine_counted)
         utilization = (load + 1) / target.capacity
-        utilization_factor = utilization_factors.get(utilization)
-        if utilization_factor is None:
-            utilization_factor = explain.shared_factor("utilization", utilization)
         time = times[index] if middle else None
         if time is None:
             score = utilization  # no samples: the tier's typical speed
-            latency = no_latency
+            latencies.append(None)
         else:
             relative = time / middle
             if relative < low:
@@ -366,66 +375,81 @@ def _smart(
             elif relative > high:
                 relative = high
             score = utilization * relative
-            latency = new(Factor)
-            set_f_name(latency, "latency")
-            set_f_value(latency, score - utilization)
-            set_f_note(latency, "")
+            latencies.append(score - utilization)
         error_rate = target.error_rate
         if error_rate:
             score += STABILITY_WEIGHT * error_rate
-            stability = explain.factor("stability", STABILITY_WEIGHT * error_rate)
-        else:
-            stability = no_errors
         if target.warm:
             score -= WARM_BONUS
-            warmth = warm
-        else:
-            warmth = cold
-        continuity = no_continuity
         if affinity:
             if target.id == sticky:
                 score -= sticky_bonus
                 sticky_index = index
-                # Rebuilt with "kept" below if the sticky target comes first.
-                continuity = explain.factor(
-                    "continuity", -sticky_bonus, explain.NOTE_STICKY_YIELDED
-                )
             elif target.id == prefix:
                 score -= prefix_bonus
                 prefix_index = index
-                continuity = explain.factor("continuity", -prefix_bonus, explain.NOTE_PREFIX)
+        scores.append(score)
+        utilizations.append(utilization)
+
+    # Degraded targets form a layer after every healthy one, whatever their scores; they are
+    # drawn from only when no healthy target has room. Ties favour continuity.
+    preferred = sticky_index if sticky_index >= 0 else prefix_index
+    order = _order(scores, candidates, 0, n_healthy, preferred, rng)
+    if degraded:
+        order += _order(
+            scores, candidates, n_healthy, len(candidates), preferred, None if n_healthy else rng
+        )
+    sticky_ranked: Ranked | None = None
+    new = object.__new__
+    set_f_name, set_f_value, set_f_note = _F_NAME, _F_VALUE, _F_NOTE
+    set_r_id, set_r_name, set_r_score, set_r_factors = _R_ID, _R_NAME, _R_SCORE, _R_FACTORS
+    utilization_factors = explain.shared_factors("utilization")
+    no_latency, no_errors = explain.NO_LATENCY_SAMPLES, explain.NO_ERRORS
+    warm, cold, no_continuity = _WARM, explain.COLD, explain.NO_CONTINUITY
+    ranking: list[Ranked] = []
+    for index in order:
+        target = candidates[index]
+        utilization = utilizations[index]
+        utilization_factor = utilization_factors.get(utilization)
+        if utilization_factor is None:
+            utilization_factor = explain.shared_factor("utilization", utilization)
+        delta = latencies[index]
+        if delta is None:
+            latency = no_latency
+        else:
+            latency = new(Factor)
+            set_f_name(latency, "latency")
+            set_f_value(latency, delta)
+            set_f_note(latency, "")
+        error_rate = target.error_rate
+        stability = (
+            explain.factor("stability", STABILITY_WEIGHT * error_rate) if error_rate else no_errors
+        )
+        warmth = warm if target.warm else cold
+        if index == sticky_index:
+            # Rebuilt with "kept" below if the sticky target comes first.
+            continuity = explain.factor("continuity", -sticky_bonus, explain.NOTE_STICKY_YIELDED)
+        elif index == prefix_index:
+            continuity = explain.factor("continuity", -prefix_bonus, explain.NOTE_PREFIX)
+        else:
+            continuity = no_continuity
         ranked = new(Ranked)
         set_r_id(ranked, target.id)
         set_r_name(ranked, target.name)
-        set_r_score(ranked, score)
+        set_r_score(ranked, scores[index])
         if index < n_healthy:
             set_r_factors(ranked, (utilization_factor, latency, stability, warmth, continuity))
         else:
             factors = (utilization_factor, latency, stability, warmth, continuity)
             set_r_factors(ranked, (*factors, explain.last_layer(target)))
-        ranked_list.append(ranked)
-        scores.append(score)
-
-    # Degraded targets form a layer after every healthy one, whatever their scores; they are
-    # drawn from only when no healthy target has room. Ties favour continuity.
-    preferred = sticky_index if sticky_index >= 0 else prefix_index
-    ranking = _order(ranked_list, scores, candidates, 0, n_healthy, preferred, rng)
-    if degraded:
-        ranking += _order(
-            ranked_list,
-            scores,
-            candidates,
-            n_healthy,
-            len(candidates),
-            preferred,
-            None if n_healthy else rng,
-        )
+        if index == sticky_index:
+            sticky_ranked = ranked
+        ranking.append(ranked)
 
     if sticky is None:
         return tuple(ranking), "none"
     if sticky_index < 0:
         return tuple(ranking), None
-    sticky_ranked = ranked_list[sticky_index]
     best = ranking[0]
     if best is sticky_ranked:
         kept = explain.factor("continuity", -sticky_bonus, explain.NOTE_STICKY_KEPT)
@@ -437,44 +461,54 @@ def _smart(
     if sticky_index >= n_healthy and n_healthy:
         return tuple(ranking), "yielded: sticky target degraded"
     return tuple(ranking), (
-        f"yielded: score {sticky_ranked.score + sticky_bonus:.2f} vs {best.score:.2f} "
+        f"yielded: score {scores[sticky_index] + sticky_bonus:.2f} vs {best.score:.2f} "
         f"on {best.name}, threshold {sticky_bonus:.2f}"
     )
 
 
 def _order(
-    ranked_list: list[Ranked],
     scores: list[float],
     candidates: list[TargetView],
     start: int,
     stop: int,
     preferred: int,
     rng: random.Random | None,
-) -> list[Ranked]:
-    """Return ranked_list[start:stop] best first.
+) -> list[int]:
+    """Return the indices start..stop-1 best first: all of them in a tier of up to
+    RANK_IN_FULL candidates, else the RANK_IN_FULL best, every one tied with the best and
+    `preferred` (the rest are summarised by the decision's `unranked`).
 
     Equal scores put `preferred` (sticky or prefix target) first, then configured order; with
     `rng`, a tie for the first place is drawn by capacity weight instead, so that equally
-    utilized targets share the traffic as their weights say.
+    utilized targets share the traffic as their weights say. The first place is the same
+    whether the tier is ranked in full or not: every candidate that could take it is kept.
     """
-    layer_scores = scores[start:stop]
+    indices: Iterable[int] = range(start, stop)
+    if stop - start > RANK_IN_FULL:
+        best = min(scores[start:stop])
+        kept = set(heapq.nsmallest(RANK_IN_FULL, indices, key=scores.__getitem__))
+        kept.update(index for index in indices if scores[index] == best)
+        if start <= preferred < stop:
+            kept.add(preferred)
+        indices = kept
+    layer_scores = [scores[index] for index in indices]
     if len(set(layer_scores)) == len(layer_scores):
         # No ties, the usual case once latency samples exist: a float sort, several times
         # faster than sorting tuples.
-        return sorted(ranked_list[start:stop], key=_SCORE)
+        return sorted(indices, key=scores.__getitem__)
 
     def tie_key(index: int) -> tuple[float, bool, int, int]:
         target = candidates[index]
         return (scores[index], index != preferred, target.position, target.id)
 
-    order = sorted(range(start, stop), key=tie_key)
+    order = sorted(indices, key=tie_key)
     best = scores[order[0]]
-    if rng is not None and order[0] != preferred and scores[order[1]] == best:
+    if rng is not None and order[0] != preferred and len(order) > 1 and scores[order[1]] == best:
         tied = [index for index in order if scores[index] == best]
         drawn = tied[_draw([candidates[index].capacity for index in tied], rng)]
         order.remove(drawn)
         order.insert(0, drawn)
-    return [ranked_list[index] for index in order]
+    return order
 
 
 def _draw(weights: Sequence[float], rng: random.Random) -> int:
@@ -534,7 +568,11 @@ def _by_measure(
     """Rank each layer by the measure, lowest first, ties by configured order."""
     ranking: list[Ranked] = []
     for layer in (healthy, degraded):
-        keys = sorted((measure(t), t.position, t.id, i) for i, t in enumerate(layer))
+        room = RANK_IN_FULL - len(ranking)
+        if room <= 0:
+            break
+        keyed = ((measure(t), t.position, t.id, i) for i, t in enumerate(layer))
+        keys = sorted(keyed) if len(layer) <= room else heapq.nsmallest(room, keyed)
         for score, _, _, index in keys:
             target = layer[index]
             factors: tuple[Factor, ...] = (explain.shared_factor(name, score),)
@@ -583,7 +621,7 @@ def _capacity(
             )
             for index, target in enumerate(layer)
         )
-        for _, score, _, _, index in keys:
+        for _, score, _, _, index in keys[: max(0, RANK_IN_FULL - len(ranking))]:
             target = layer[index]
             factors: tuple[Factor, ...] = (
                 explain.shared_factor("weight", float(target.capacity)),
@@ -614,7 +652,7 @@ def _round_robin(
     if healthy and degraded:
         order += sorted(degraded, key=_configured_order)
     ranking = []
-    for place, target in enumerate(order):
+    for place, target in enumerate(order[:RANK_IN_FULL]):
         last = not healthy or place >= len(layer)
         marks = (explain.last_layer(target),) if last else ()
         factors = (explain.shared_factor("order", float(place)), *marks)

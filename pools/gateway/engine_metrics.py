@@ -1,7 +1,9 @@
 """Read engines' own load from their Prometheus /metrics (vLLM, SGLang, llama.cpp names).
 
 The gateway scrapes each target about once a second in a background task; a reading older than
-STALE_AFTER_S is ignored and the balancer falls back to the gateway's own in-flight counts.
+STALE_AFTER_S is ignored and the balancer falls back to the gateway's own in-flight counts. Each
+reading keeps Nexus's own in-flight count on the target at the time, so that the balancer counts
+only the engine's load beyond it (pools.balancer.strategies.load_of).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -37,6 +39,10 @@ class EngineLoad:
     running: int
     waiting: int
     read_at: float  # monotonic seconds
+    # Nexus's in-flight count on the target as the engine counted: the larger of the counts
+    # before and after the scrape, so that a request Nexus started meanwhile, which the engine
+    # may have counted, never passes for another client's.
+    counted: int = 0
 
 
 def parse_load(text: str) -> tuple[int, int] | None:
@@ -84,12 +90,29 @@ class EngineLoads:
             return None
         return load
 
-    async def scrape(self, client: httpx.AsyncClient, targets: Iterable[tuple[int, str]]) -> None:
-        """Read every target's /metrics once, concurrently; failures just leave readings stale."""
-        pending = [(tid, url) for tid, url in targets if tid not in self._unsupported]
-        await asyncio.gather(*(self._scrape_one(client, tid, url) for tid, url in pending))
+    async def scrape(
+        self,
+        client: httpx.AsyncClient,
+        targets: Iterable[tuple[int, str]],
+        in_flight: Callable[[int], int],
+    ) -> None:
+        """Read every target's /metrics once, concurrently; failures just leave readings stale.
 
-    async def _scrape_one(self, client: httpx.AsyncClient, target_id: int, base_url: str) -> None:
+        in_flight: Nexus's own count of requests on a target, kept with its reading.
+        """
+        pending = [(tid, url) for tid, url in targets if tid not in self._unsupported]
+        await asyncio.gather(
+            *(self._scrape_one(client, tid, url, in_flight) for tid, url in pending)
+        )
+
+    async def _scrape_one(
+        self,
+        client: httpx.AsyncClient,
+        target_id: int,
+        base_url: str,
+        in_flight: Callable[[int], int],
+    ) -> None:
+        before = in_flight(target_id)
         try:
             response = await client.get(metrics_url(base_url), timeout=SCRAPE_TIMEOUT_S)
         except httpx.HTTPError:
@@ -100,7 +123,8 @@ class EngineLoads:
             return
         parsed = parse_load(response.text) if response.status_code == 200 else None
         if parsed is not None:
-            self._loads[target_id] = EngineLoad(*parsed, read_at=time.monotonic())
+            counted = max(before, in_flight(target_id))
+            self._loads[target_id] = EngineLoad(*parsed, read_at=time.monotonic(), counted=counted)
 
     def forget_unsupported(self) -> None:
         """Ask every target again (after a configuration change)."""

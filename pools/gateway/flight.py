@@ -134,6 +134,8 @@ class Flight:
     decisions: list[Decision] = field(default_factory=list)
     attempts: list[AttemptRow] = field(default_factory=list)
     queue_wait_s: float = 0.0
+    # The rule that gave the request its slot when it waited (queue.FairQueue.pop_for), or "".
+    woken_by: str = ""
     ttft_s: float | None = None
     target: TargetEntry | None = None
     status: int | None = None
@@ -154,6 +156,7 @@ class Flight:
             self.facts.prefix_target_id,
             forward.method if forward is not None else None,
             forward.client_path if forward is not None else None,
+            self.woken_by,
         )
         target = self.target
         token = self.token
@@ -305,7 +308,9 @@ class Router:
             raise errors.queue_timeout(pool.label, flight.queue_wait_s)
         queue_id = flight.token.id if flight.token is not None else ANONYMOUS_QUEUE_ID
         try:
-            await self.state.wait(pool, flight.kind, queue_id, remaining, again=again)
+            flight.woken_by = await self.state.wait(
+                pool, flight.kind, queue_id, remaining, flight.facts, again=again
+            )
         except QueueFull as full:
             raise errors.queue_full(pool.label, full.reason, full.retry_after_s) from None
         except QueueTimeout:

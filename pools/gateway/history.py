@@ -58,6 +58,7 @@ class DecisionFacts(NamedTuple):
     prefix_target_id: int | None
     method: str | None = None  # a forwarded (/serve) request's
     path: str | None = None
+    woken_by: str = ""  # the rule that gave it its slot when it waited (FairQueue.pop_for)
 
     def explain(self) -> dict[str, Any]:
         """Return the explanation kept in the history (RoutingRecord.decision)."""
@@ -67,6 +68,8 @@ class DecisionFacts(NamedTuple):
             # Retried (or no target was left after a failure): each attempt's own ranking, which
             # the latest decision shows only as "already tried".
             decision["per_attempt"] = [each.to_dict() for each in earlier]
+        if self.woken_by:
+            decision["woken_by"] = self.woken_by
         request: dict[str, Any] = {
             "kind": self.kind,
             "sticky_target_id": self.sticky_target_id,

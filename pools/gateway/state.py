@@ -26,7 +26,7 @@ from pools import services
 from pools.balancer.continuity import AffinityMap, continuity_keys
 from pools.balancer.health import LatencyStats, PassiveHealth, ServerErrorMemory
 from pools.balancer.limits import TokenLimits
-from pools.balancer.queue import PoolQueue
+from pools.balancer.queue import Affinity, PoolQueue
 from pools.balancer.retry import FailurePhase, RetryBudget, may_retry
 from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, TargetView
 from pools.balancer.strategies import decide
@@ -178,25 +178,35 @@ class GatewayState:
     async def release(
         self, pool: PoolEntry, kind: str, target: TargetEntry, lease: Lease, held_s: float
     ) -> None:
-        """Give the slot back and hand it to a waiter that can use it."""
+        """Give the slot back and hand it to a waiter that can use it, first one whose
+        conversation or prompt prefix lives on this target (queue.FairQueue.pop_for)."""
         # How long a slot stays taken: the queue's wait estimate (Retry-After) uses it.
         self._queue(pool, kind).record_service_time(held_s)
         await self._ledger.release(lease)
         for served_kind in target.kinds:
             queue = self._queues.get((pool.id, served_kind))
             if queue:
-                queue.wake_next()
+                queue.wake_for(target.id, target.name)
 
     async def wait(
-        self, pool: PoolEntry, kind: str, queue_id: int, timeout_s: float, *, again: bool
-    ) -> None:
-        """Wait in the pool's fair queue for a slot; raise QueueFull or QueueTimeout.
+        self,
+        pool: PoolEntry,
+        kind: str,
+        queue_id: int,
+        timeout_s: float,
+        facts: RequestFacts,
+        *,
+        again: bool,
+    ) -> str:
+        """Wait in the pool's fair queue for a slot; raise QueueFull or QueueTimeout; return
+        the rule that woke the request (for its history).
 
         again: the request was woken before but lost the slot; it waits first in line.
         """
         capacity = sum(t.capacity for t in pool.targets if t.enabled and kind in t.kinds)
-        await self._queue(pool, kind).wait(
-            queue_id, timeout_s, capacity=max(1, capacity), again=again
+        affinity = Affinity(facts.sticky_target_id, facts.prefix_target_id)
+        return await self._queue(pool, kind).wait(
+            queue_id, timeout_s, capacity=max(1, capacity), again=again, affinity=affinity
         )
 
     def may_retry(
@@ -283,6 +293,7 @@ class GatewayState:
                     in_flight=self._ledger.in_flight(target.id),
                     engine_running=load.running if load else None,
                     engine_waiting=load.waiting if load else None,
+                    engine_counted=load.counted if load else None,
                     ttft_s=stats.ttft_s if stats else None,
                     tpot_s=stats.tpot_s if stats else None,
                     error_rate=health.error_rate(target.id),
@@ -403,7 +414,7 @@ class GatewayState:
             for target in pool.targets
             if target.enabled
         ]
-        await self._engine_loads.scrape(upstream.get().client, targets)
+        await self._engine_loads.scrape(upstream.get().client, targets, self._ledger.in_flight)
         pairs = [
             (pool.slug, target.name) for pool in snapshot.pools.values() for target in pool.targets
         ]
@@ -421,16 +432,18 @@ class GatewayState:
             pool = pools.get(pool_id)
             if pool is None or not queue:
                 continue
-            room = sum(
-                max(0, view.capacity - view.in_flight)
-                for view in self.views(pool, now)
-                if kind in view.kinds
-                and view.enabled
-                and view.drain is DrainState.ACTIVE
-                and not view.circuit_open
-            )
-            for _ in range(room):
-                if not queue.wake_next():
+            for view in self.views(pool, now):
+                if not (
+                    kind in view.kinds
+                    and view.enabled
+                    and view.drain is DrainState.ACTIVE
+                    and not view.circuit_open
+                ):
+                    continue
+                for _ in range(view.capacity - view.in_flight):
+                    if not queue.wake_for(view.id, view.name):
+                        break
+                if not queue:
                     break
 
     async def _finish_drains(self, snapshot: Snapshot) -> None:

@@ -61,6 +61,10 @@ ENGINES: dict[str, dict[str, Any]] = {
     "c1": {"ttft_ms": 0, "tpot_ms": 20},
     "c2": {"ttft_ms": 0, "tpot_ms": 20},
     "c3": {"ttft_ms": 0, "tpot_ms": 20},
+    "idle_a": {"ttft_ms": 0, "tpot_ms": 20},
+    "idle_b": {"ttft_ms": 0, "tpot_ms": 20},
+    "wake_a": {"ttft_ms": 0, "tpot_ms": 20},
+    "wake_b": {"ttft_ms": 0, "tpot_ms": 20},
     "slow": {"ttft_ms": 0, "tpot_ms": 40},
     "locked": {"ttft_ms": 0, "tpot_ms": 1, "api_key": "sk-engine"},
 }
@@ -173,6 +177,14 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
     # Continuity: Smart pools over three engines of their own.
     for slug in ("sticky", "sticky-busy", "sticky-drain", "sticky-keys"):
         pool(slug, [(name, name, {"capacity_weight": 4}) for name in ("c1", "c2", "c3")])
+    # Two identical capacity-2 targets, for conversations sent one request at a time.
+    pool("sticky-idle", [(name, name, {"capacity_weight": 2}) for name in ("idle_a", "idle_b")])
+    # Affinity-aware wake-up: two one-slot targets, so that both are soon full.
+    pool(
+        "wake-affinity",
+        [(name, name, {"capacity_weight": 1}) for name in ("wake_a", "wake_b")],
+        max_queue=10,
+    )
     # Queue: one slot on the slow engine.
     for slug in ("queue-full", "queue-timeout", "queue-gone", "queue-gone-wait", "queue-estimate"):
         pool(slug, [("only", "slow", {"capacity_weight": 1})], max_queue=2)
@@ -657,6 +669,26 @@ def test_a_conversation_with_a_session_id_stays_on_one_target(world: World) -> N
     ]  # fmt: skip
 
 
+def test_conversations_sent_one_request_at_a_time_never_move_between_idle_targets(
+    world: World,
+) -> None:
+    # Each turn streams for about 0.4 s, so the engines are read (once a second) while turns
+    # run there; those readings, up to 2 s old, must not make an idle target look busy.
+    moved = []
+    for session in range(6):
+        headers = {SESSION: f"s-idle-{session}-{uuid.uuid4().hex[:8]}"}
+        answers = [
+            turn(world, "sticky-idle", number, headers=headers, max_tokens=20)
+            for number in range(1, 5)
+        ]
+        assert [answer.status for answer in answers] == [200] * 4
+        if len({answer.target for answer in answers}) > 1:
+            why = [world.record(answer).decision["continuity"] for answer in answers]
+            moved.append((session, [answer.target for answer in answers], why))
+
+    assert moved == []
+
+
 def test_a_conversation_moves_when_its_target_drains_and_the_history_says_it_yielded(
     world: World,
 ) -> None:
@@ -730,6 +762,44 @@ def test_a_conversation_yields_when_its_target_is_much_busier_and_the_history_sa
     ranked = {entry["name"]: entry for entry in record.decision["ranking"]}
     utilization = {f["name"]: f["value"] for f in ranked[first.target]["factors"]}["utilization"]
     assert utilization == 1.0  # (3 running + this request) / 4 slots
+
+
+# Timing: the conversation's slot must free while the other target is still busy.
+@pytest.mark.serial
+def test_a_slot_freed_on_a_conversations_target_goes_to_it_before_an_earlier_waiter(
+    world: World,
+) -> None:
+    session = {SESSION: f"s-wake-{uuid.uuid4().hex[:8]}"}
+    home = turn(world, "wake-affinity", 1, headers=session).target
+    assert home is not None
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        # The conversation's own target is busy for 1.2 s, the other for 4 s: both waiters are
+        # queued well before the first slot frees, even on a loaded machine.
+        started = threading.Event()
+        short = executor.submit(
+            world.chat,
+            "wake-affinity",
+            headers=session,
+            max_tokens=60,
+            stream=True,
+            started=started,
+        )
+        wait_until(started.is_set, timeout_s=5)
+        long = hold_slot(executor, world, "wake-affinity", tokens=200)
+        earlier = executor.submit(world.chat, "wake-affinity", content="Something else")
+        time.sleep(0.1)  # the earlier waiter is first in line
+        later = executor.submit(turn, world, "wake-affinity", 2, headers=session)
+
+        conversation, first_in_line = later.result(), earlier.result()
+        assert short.result().target == home
+        assert long.result().target not in (None, home)
+
+    assert conversation.status == 200
+    assert conversation.target == home
+    decision = world.record(conversation).decision
+    assert decision["woken_by"] == f"conversation on {home}, ahead of 1 earlier waiter"
+    assert decision["continuity"] == "kept"
+    assert world.record(first_in_line).decision["woken_by"] == "fair order"
 
 
 @pytest.mark.parametrize("key", ["prompt_cache_key", "user"])

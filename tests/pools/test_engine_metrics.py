@@ -83,18 +83,19 @@ async def test_it_scrapes_a_real_engine_and_forgets_stale_readings(engine: Simul
             return stats["requests_running"] + stats["requests_waiting"] == 3
 
         await eventually(all_arrived, what="the three requests reach the engine")
-        await loads.scrape(client, [(1, engine.base_url)])
+        # Nexus's own count on the target, kept with the reading: 2 of the 3 are its requests.
+        await loads.scrape(client, [(1, engine.base_url)], lambda target_id: 2)
         reading = loads.fresh(1, time.monotonic())
         await asyncio.gather(*pending)
 
     assert reading is not None
-    assert (reading.running, reading.waiting) == (1, 2)
+    assert (reading.running, reading.waiting, reading.counted) == (1, 2, 2)
     assert loads.fresh(1, time.monotonic() + STALE_AFTER_S + 0.1) is None
 
 
 async def test_it_leaves_an_unreachable_engine_without_a_reading() -> None:
     loads = EngineLoads()
     async with httpx.AsyncClient() as client:
-        await loads.scrape(client, [(7, f"http://127.0.0.1:{free_port()}/v1")])
+        await loads.scrape(client, [(7, f"http://127.0.0.1:{free_port()}/v1")], lambda _: 0)
 
     assert loads.fresh(7, time.monotonic()) is None
