@@ -218,6 +218,9 @@ def test_the_pools_page_shows_each_targets_health(teammate: APIClient) -> None:
 
     page = teammate.get("/pools/health-page/").content.decode()
 
-    fine, failing = (page[page.index(f">{name}</td>") :] for name in ["fine", "probe-failing"])
-    assert fine.split("</tr>")[0].count('data-state="active"') == 1  # healthy: its traffic state
-    assert failing.split("</tr>")[0].count('data-state="degraded"') == 1
+    fine, failing = (
+        page[page.index(f'data-target="{name}"') :].split("</tr>")[0]
+        for name in ["fine", "probe-failing"]
+    )
+    assert fine.count('data-state="active"') == 1  # healthy: its traffic state
+    assert failing.count('data-state="degraded"') == 1
