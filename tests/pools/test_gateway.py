@@ -12,6 +12,7 @@ from datetime import timedelta
 import httpx
 import openai
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from nexus.models import ApiToken
@@ -371,7 +372,9 @@ def test_it_cancels_the_upstream_request_when_the_client_disconnects(world: Worl
 
 
 def test_it_picks_up_a_new_pool_without_a_restart(world: World, django_db_blocker) -> None:
-    with django_db_blocker.unblock():
+    # One commit, as the admin API makes them: a snapshot taken between two commits would hold
+    # the pool without its target (and answer 503 until the next one).
+    with django_db_blocker.unblock(), transaction.atomic():
         pool = Pool.objects.create(name="Late", slug="late")
         _target(pool, "late-a", world.fast)
 
