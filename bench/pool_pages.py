@@ -14,49 +14,25 @@ Usage: python bench/pool_pages.py [--runs 9]
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
-
-import psycopg
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+from bench.page_database import on_throwaway_database, timed  # noqa: E402
+
 TARGET = "300 ms server time for the pools list and a pool's page"
 POOLS, TARGETS_PER_POOL, ROWS = 50, 10, 100_000
-
-
-def database_url(name: str) -> str:
-    parts = urlsplit(SERVER_URL)
-    return urlunsplit(parts._replace(path=f"/{name}"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
     args = parser.parse_args()
-    name = f"bench_pools_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(SERVER_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        os.environ["DATABASE_URL"] = database_url(name)
-        os.environ["DJANGO_SETTINGS_MODULE"] = "nexus.settings"
-        os.environ.setdefault("NEXUS_DATA_DIR", f"/tmp/{name}")
-        os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
-        os.environ.setdefault("NEXUS_REDIS_PREFIX", name)
-        run(args.runs)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(SERVER_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    on_throwaway_database("bench_pools", lambda: run(args.runs))
 
 
 def run(runs: int) -> None:
@@ -138,17 +114,16 @@ def run(runs: int) -> None:
     }
     print(f"target: {TARGET}")
     for label, call in cases.items():
-        times = []
-        for _ in range(runs):
-            began = time.perf_counter()
-            answer = call()
-            times.append((time.perf_counter() - began) * 1000)
+
+        def answered(answer: Any, label: str = label) -> None:
             assert getattr(answer, "status_code", 200) == 200, label
+
+        median, slowest = timed(call, runs, answered)
         with CaptureQueriesContext(connection) as captured:
             call()
         print(
-            f"  {label:26} median {statistics.median(times):6.1f} ms  "
-            f"max {max(times):6.1f} ms  {len(captured.captured_queries)} queries"
+            f"  {label:26} median {median:6.1f} ms  "
+            f"max {slowest:6.1f} ms  {len(captured.captured_queries)} queries"
         )
 
 

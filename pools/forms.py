@@ -3,6 +3,8 @@ target added, a target's inline edit."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django import forms
@@ -10,8 +12,18 @@ from django.utils import timezone
 
 from nexus import access, scopes
 from nexus.models import DEFAULT_PROJECT, LIMIT_FIELDS, Project, default_project_pk
-from pools import services, traffic
-from pools.models import Pool, RequestKind, Target, all_request_kinds
+from nodes.models import Node, NodeModel, NodeTrust
+from pools import services, traffic, validation, wizard
+from pools.models import (
+    CompatibilityMode,
+    Pool,
+    RequestKind,
+    Strategy,
+    Target,
+    all_request_kinds,
+    node_base_url,
+    node_model_problem,
+)
 
 
 class TokenIssueForm(forms.Form):
@@ -164,9 +176,27 @@ class TargetAddForm(forms.ModelForm):
     def clean_name(self) -> str:
         name = str(self.cleaned_data["name"])
         # The form has no pool field, so the model's unique (pool, name) is not checked for it.
-        if self.pool.targets.filter(name=name).exists():
+        if name and self.name_taken(name):
             raise forms.ValidationError(f"{self.pool.name} has a target named {name} already.")
         return name
+
+    def name_taken(self, name: str) -> bool:
+        return self.pool.targets.filter(name=name).exists()
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or self.cleaned_data
+        model_id = cleaned.get("model_id")
+        if model_id:
+            # An Exact-replicas pool refuses a target of another model (services.add_target).
+            candidate = Target(pool=self.pool, name=cleaned.get("name") or "", model_id=model_id)
+            refusal = self.identity_refusal(candidate)
+            if refusal:
+                self.add_error("model_id", refusal)
+        return cleaned
+
+    def identity_refusal(self, candidate: Target) -> str:
+        """Return why the candidate may not join the pool (Exact replicas), "" when it may."""
+        return services.identity_refusal(candidate)
 
 
 class PoolSettingsForm(forms.ModelForm):
@@ -259,13 +289,25 @@ class DrillForm(TryTrafficForm):
 
 
 # The document's caveats of each compatibility mode, shown beside the choice.
-COMPATIBILITY_HELP = (
-    "Exact replicas: every target serves the very same model (same weights, same build), so any "
-    "answer may come from any of them; Validate asks you to confirm it where it cannot prove it. "
-    "Equivalent generation: targets serve comparable models (e.g. one family on different "
-    "runtimes or providers); answers may differ between them, and Validate warns of differing "
-    "context lengths and kinds."
-)
+COMPATIBILITY_CAVEATS = {
+    CompatibilityMode.EXACT_REPLICAS: "Exact replicas: every target serves the very same model "
+    "(same weights, same build), so any answer may come from any of them; Validate asks you to "
+    "confirm it where it cannot prove it.",
+    CompatibilityMode.EQUIVALENT_GENERATION: "Equivalent generation: targets serve comparable "
+    "models (e.g. one family on different runtimes or providers); answers may differ between "
+    "them, and Validate warns of differing context lengths and kinds.",
+}
+COMPATIBILITY_HELP = " ".join(COMPATIBILITY_CAVEATS.values())
+
+# One line per strategy, Smart first and recommended.
+STRATEGY_LINES = {
+    Strategy.SMART: "Smart (recommended): the shortest expected wait, with continuity as a bonus.",
+    Strategy.PRIORITY: "Priority: the least busy of the first tier.",
+    Strategy.CAPACITY: "Capacity: shares by weight.",
+    Strategy.LEAST_BUSY: "Least busy: the lowest load.",
+    Strategy.ROUND_ROBIN: "Round robin: in turn.",
+}
+STRATEGY_HELP = " ".join(STRATEGY_LINES.values())
 
 
 class PoolCreateForm(forms.ModelForm):
@@ -280,9 +322,7 @@ class PoolCreateForm(forms.ModelForm):
         help_texts = {
             "slug": "Apps call the pool as @pool/<slug>; fixed once created.",
             "compatibility_mode": COMPATIBILITY_HELP,
-            "strategy": "Smart (recommended): the shortest expected wait, with continuity as a "
-            "bonus. Priority: the least busy of the first tier. Capacity: shares by weight. "
-            "Least busy: the lowest load. Round robin: in turn.",
+            "strategy": STRATEGY_HELP,
         }
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -296,3 +336,214 @@ class PoolCreateForm(forms.ModelForm):
 
     def clean_project(self) -> Project:
         return Project.objects.get(name=self.cleaned_data["project"])
+
+
+# -- the create-pool wizard's steps (pools.wizard_views) ---------------------------------------
+
+
+class PoolNameForm(PoolCreateForm):
+    """The wizard's name step: the name, the slug (checked as it is typed), project, description."""
+
+    class Meta(PoolCreateForm.Meta):
+        fields = ["name", "slug", "project", "description"]
+
+
+class CompatibilityForm(forms.Form):
+    """The wizard's compatibility step: one mode, each with the document's caveat."""
+
+    compatibility_mode = forms.ChoiceField(
+        label="Compatibility mode",
+        choices=[(mode.value, caveat) for mode, caveat in COMPATIBILITY_CAVEATS.items()],
+        widget=forms.RadioSelect,
+    )
+
+
+class StrategyForm(forms.Form):
+    """The wizard's strategy step: one line each, Smart recommended."""
+
+    strategy = forms.ChoiceField(
+        label="Strategy",
+        choices=[(strategy.value, line) for strategy, line in STRATEGY_LINES.items()],
+        widget=forms.RadioSelect,
+    )
+
+
+class NodeChoiceField(forms.ModelMultipleChoiceField):
+    def label_from_instance(self, obj: Any) -> str:
+        assert isinstance(obj, Node)
+        return f"{obj.name} · {obj.get_status_display().lower()} · {obj.address}"
+
+
+class NodesForm(forms.Form):
+    """The wizard's nodes step: the trusted nodes whose models may become targets."""
+
+    nodes = NodeChoiceField(
+        queryset=Node.objects.filter(trust=NodeTrust.TRUSTED),
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+        label="Trusted nodes",
+        help_text="Their models are offered as targets next; none chosen: runtime URLs and "
+        "provider endpoints only.",
+    )
+
+
+SOURCES = [
+    ("node", "A model on a chosen node"),
+    ("runtime", "A runtime URL"),
+    ("provider", "A provider endpoint, with its own key"),
+]
+
+
+class DraftTargetForm(TargetAddForm):
+    """A target of a pool not created yet: a chosen node's model, a runtime URL or a provider
+    endpoint with its own key. Priority and capacity come on a later step."""
+
+    source = forms.ChoiceField(
+        choices=SOURCES,
+        widget=forms.RadioSelect,
+        label="Where it runs",
+        help_text="A node's model needs only the model; a runtime URL its base URL and model "
+        "id; a provider endpoint its key too.",
+    )
+    node_model = forms.ChoiceField(
+        required=False,
+        label="Model on a node",
+        help_text="From the chosen nodes' inventories, as their agents last reported them.",
+    )
+    capacity_weight = None  # type: ignore[assignment]
+
+    field_order = ["source", "node_model", "name", "base_url", "model_id", "credential", "kinds"]
+
+    class Meta(TargetAddForm.Meta):
+        fields = ["name", "base_url", "model_id", "kinds"]
+
+    def __init__(
+        self,
+        *args: Any,
+        pool: Pool,
+        nodes: Sequence[Node],
+        taken: Sequence[str],
+        replicas_of: Sequence[Target] = (),
+        **kwargs: Any,
+    ) -> None:
+        """`replicas_of`: an Exact-replicas draft's targets, whose model a new one must serve."""
+        super().__init__(*args, pool=pool, **kwargs)
+        self.nodes = {node.pk: node for node in nodes}
+        self.taken = list(taken)
+        self.replicas_of = list(replicas_of)
+        models = NodeModel.objects.filter(node__in=nodes).select_related("node")
+        node_model = self.fields["node_model"]
+        assert isinstance(node_model, forms.ChoiceField)
+        node_model.choices = [("", "—")] + [
+            (f"{m.node_id}:{m.model_id}", f"{m.model_id} on {m.node.name} ({m.runtime or '?'})")
+            for m in models
+        ]
+        source = self.fields["source"]
+        source.initial = "node" if models else "runtime"
+        for name in ("name", "base_url", "model_id"):
+            self.fields[name].required = False
+        self.fields["name"].help_text = "Empty: the node's name, or the URL's host."
+        base_url = self.fields["base_url"]
+        base_url.help_text = "A runtime's or provider's base URL, e.g. http://10.0.0.5:8000/v1."
+        self.fields["credential"].help_text = (
+            "A provider's key (a runtime's, if it asks for one). Kept encrypted on the server "
+            "until the pool is created, then stored with the target; never shown again."
+        )
+
+    def name_taken(self, name: str) -> bool:
+        return name in self.taken
+
+    def identity_refusal(self, candidate: Target) -> str:
+        # Judged at the end of clean(), once a node's model has made the model id.
+        return ""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        source = data.get("source")
+        node = None
+        if source == "node":
+            chosen = data.get("node_model") or ""
+            node_pk, _, model_id = chosen.partition(":")
+            node = self.nodes.get(int(node_pk)) if node_pk.isdecimal() else None
+            if node is None:
+                self.add_error("node_model", "Choose a model of one of the chosen nodes.")
+                return data
+            if problem := node_model_problem(node, model_id):
+                self.add_error("node_model", problem)
+                return data
+            if data.get("credential"):
+                self.add_error("credential", "A target on a node uses the node's credential.")
+            data.update(model_id=model_id, base_url=node_base_url(node.address))
+        elif source in ("runtime", "provider"):
+            if not data.get("base_url") and "base_url" not in self.errors:
+                self.add_error("base_url", "Give the endpoint's base URL.")
+            if not data.get("model_id"):
+                self.add_error("model_id", "Give the model name the endpoint serves.")
+            if source == "provider" and not data.get("credential"):
+                self.add_error("credential", "A provider endpoint needs its key.")
+        data["node"] = node
+        if source and not data.get("name") and "name" not in self.errors:
+            data["name"] = wizard.derived_name(source, node, data.get("base_url", ""), self.taken)
+        if self.replicas_of and data.get("model_id") and not self.errors:
+            # The save-time rule of services.add_target, against the draft's targets.
+            candidate = Target(name=data.get("name", ""), model_id=data["model_id"], node=node)
+            refusal = validation.identity_refusal(
+                validation.identity_of(candidate),
+                [validation.identity_of(target) for target in self.replicas_of],
+            )
+            if refusal:
+                self.add_error("node_model" if source == "node" else "model_id", refusal)
+        return data
+
+
+class WeightsForm(forms.Form):
+    """The wizard's priority and capacity step: both per target, as the model bounds them."""
+
+    def __init__(self, *args: Any, targets: Sequence[Mapping[str, Any]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        base = forms.fields_for_model(Target, fields=["priority", "capacity_weight"])
+        self.rows = []
+        for index, entry in enumerate(targets):
+            priority = copy.deepcopy(base["priority"])
+            priority.label = f"Priority of {entry['name']}"
+            priority.initial = entry["priority"]
+            priority.help_text = ""
+            capacity = copy.deepcopy(base["capacity_weight"])
+            capacity.label = f"Capacity weight of {entry['name']}"
+            capacity.initial = entry["capacity_weight"]
+            capacity.help_text = entry.get("capacity_source", "")
+            # Shown in a table, without their labels: the inputs carry them.
+            for field in (priority, capacity):
+                field.widget.attrs.update({"aria-label": field.label, "class": "short"})
+            self.fields[f"priority_{index}"] = priority
+            self.fields[f"capacity_{index}"] = capacity
+            self.rows.append((entry, self[f"priority_{index}"], self[f"capacity_{index}"]))
+
+    def values(self) -> list[tuple[int, int]]:
+        """Return each target's (priority, capacity weight), in the draft's order."""
+        data = self.cleaned_data
+        return [(data[f"priority_{i}"], data[f"capacity_{i}"]) for i in range(len(self.rows))]
+
+
+class IdentityConfirmForm(forms.Form):
+    """The wizard's check step: the operator's word that an Exact-replicas draft's targets
+    serve one model, where Validate cannot prove it."""
+
+    confirm_identity = forms.BooleanField(required=False)
+
+    def __init__(self, *args: Any, problems: Sequence[str], count: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.problems = list(problems)
+        self.fields["confirm_identity"].label = (
+            f"I confirm these {count} targets serve one model: I manage the copies and know "
+            "they are interchangeable."
+        )
+
+    def clean_confirm_identity(self) -> bool:
+        confirmed = bool(self.cleaned_data.get("confirm_identity"))
+        if self.problems and not confirmed:
+            raise forms.ValidationError(
+                "Identity cannot be proven: confirm it, or go back and choose Equivalent "
+                "generation."
+            )
+        return confirmed

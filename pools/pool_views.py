@@ -29,7 +29,6 @@ from pools import console, services, traffic, validation
 from pools.forms import (
     DrillForm,
     DryRunForm,
-    PoolCreateForm,
     PoolSettingsForm,
     TargetAddForm,
     TargetTrafficForm,
@@ -42,8 +41,6 @@ from pools.views import visible_pools
 POOL_DETAIL = "pools/pool_detail.html"
 POOL_LIVE = f"{POOL_DETAIL}#pool-live"
 POOL_SETTINGS = "pools/pool_settings.html"
-POOL_NEW = "pools/pool_new.html"
-POOL_NEW_SLUG = f"{POOL_NEW}#slug-check"
 TARGET_ADD = "pools/target_add.html"
 TARGET_REMOVE = "pools/target_remove.html"
 VALIDATE = "pools/validate.html"
@@ -76,12 +73,7 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
     """Render one pool's targets live, its settings, and how to call it (404 outside the user's
     projects, so that no name leaks)."""
     pool = seen_pool(request.user, slug)
-    # Only a prefix to recognise each by: a token's secret is never stored.
-    tokens = [
-        token
-        for token in ApiToken.objects.usable().filter(created_by=acting_user(request))
-        if token.may_call(scopes.pool(pool.slug))
-    ]
+    tokens = calling_tokens(request, pool)
     context = console.pool_live_context(pool, can_manage=may_operate(request.user, pool))
     # The inline edit sits outside the live card, which would replace what is being typed.
     edits = [
@@ -97,6 +89,16 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "drills": pool.traffic_runs.filter(kind=TrafficRunKind.DRILL)[:5],
     }
     return render(request, POOL_DETAIL, page)
+
+
+def calling_tokens(request: HttpRequest, pool: Pool) -> list[ApiToken]:
+    """Return the user's usable tokens that may call the pool, for the snippets' token picker."""
+    # Only a prefix to recognise each by: a token's secret is never stored.
+    return [
+        token
+        for token in ApiToken.objects.usable().filter(created_by=acting_user(request))
+        if token.may_call(scopes.pool(pool.slug))
+    ]
 
 
 def seen_pools(user: Any) -> QuerySet[Pool]:
@@ -350,21 +352,3 @@ def run_detail(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     pool = seen_pool(request.user, slug)
     run = get_object_or_404(pool.traffic_runs.select_related("pool"), pk=pk)
     return render(request, RUN_DETAIL, run_context(run))
-
-
-@login_required
-def pool_new(request: HtmxHttpRequest) -> HttpResponse:
-    """Create a pool in one of the user's projects; its targets are added on its page next."""
-    if not access.changeable_projects(request.user).exists():
-        raise PermissionDenied(access.ProjectRoles.message)
-    form = PoolCreateForm(request.POST or None, user=request.user)
-    if request.htmx and request.method == "POST":
-        # The live slug check: the whole form is validated, only the slug's verdict is shown.
-        form.is_valid()
-        return render(request, POOL_NEW_SLUG, {"form": form})
-    if request.method == "POST" and form.is_valid():
-        pool = services.create_pool(form.cleaned_data)
-        messages.success(request, f"{pool.name} created: add its targets.")
-        return redirect("pools:detail", pool.slug)
-    status = 400 if request.method == "POST" else 200
-    return render(request, POOL_NEW, {"form": form}, status=status)

@@ -4,13 +4,32 @@ from __future__ import annotations
 
 from django.urls import path
 
-from pools import pool_views, views
+from pools import pool_views, views, wizard_views
 
 app_name = "pools"
 urlpatterns = [
     path("", views.pool_list, name="list"),
-    path("new/", pool_views.pool_new, name="new"),
+    # The create-pool wizard: /pools/new/ starts a draft (pools.wizard_views).
+    path("new/", wizard_views.wizard_start, name="new"),
+    path("new/<str:draft_id>/nodes/add/", wizard_views.wizard_node_add, name="wizard_node_add"),
+    path(
+        "new/<str:draft_id>/nodes/confirm/",
+        wizard_views.wizard_node_confirm,
+        name="wizard_node_confirm",
+    ),
+    path(
+        "new/<str:draft_id>/targets/add/", wizard_views.wizard_target_add, name="wizard_target_add"
+    ),
+    path(
+        "new/<str:draft_id>/targets/<int:index>/remove/",
+        wizard_views.wizard_target_remove,
+        name="wizard_target_remove",
+    ),
+    path("new/<str:draft_id>/validate/", wizard_views.wizard_validate, name="wizard_validate"),
+    path("new/<str:draft_id>/dry-run/", wizard_views.wizard_dry_run, name="wizard_dry_run"),
+    path("new/<str:draft_id>/<slug:step>/", wizard_views.wizard_step, name="wizard"),
     path("<slug:slug>/", pool_views.pool_detail, name="detail"),
+    path("<slug:slug>/created/", wizard_views.pool_created, name="created"),
     path("<slug:slug>/settings/", pool_views.pool_settings, name="settings"),
     path("<slug:slug>/dry-run/", pool_views.dry_run, name="dry_run"),
     path("<slug:slug>/validate/", pool_views.validate, name="validate"),

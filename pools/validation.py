@@ -204,6 +204,66 @@ def identity_problems(identities: Sequence[Identity]) -> list[str]:
     return problems
 
 
+def _short(digest: str) -> str:
+    """Return a digest as an operator can compare it at a glance: sha256:0123456789ab…"""
+    kind, _, value = digest.rpartition(":")
+    head = f"{kind}:" if kind else ""
+    return f"{head}{value[:12]}…" if len(value) > 12 else digest
+
+
+def _names(values: set[str]) -> str:
+    ordered = sorted(values)
+    return ordered[0] if len(ordered) == 1 else ", ".join(ordered[:-1]) + " and " + ordered[-1]
+
+
+def identity_refusal(candidate: Identity, others: Sequence[Identity]) -> str:
+    """Return why a target may not join (or stay in) an Exact-replicas pool beside the others,
+    "" when nothing stored says it serves another model.
+
+    Only what is stored counts: the model id it is configured with (the `/v1/models` id it is
+    sent), and the content digest of the model file where a node's inventory has one. A digest
+    unknown on either side proves nothing either way: that is the recorded confirmation's case.
+    """
+    if not others:
+        return ""
+    models = {other.model_id for other in others}
+    if candidate.model_id not in models:
+        return (
+            f"{candidate.name} serves {candidate.model_id}, the pool's targets serve "
+            f"{_names(models)}: an Exact-replicas pool's targets serve one model."
+        )
+    digests = {other.digest for other in others if other.digest}
+    if candidate.digest and digests and candidate.digest not in digests:
+        return (
+            f"{candidate.name}'s model file has digest {_short(candidate.digest)}, which differs "
+            f"from {_names({_short(d) for d in digests})} on the pool's targets: an "
+            "Exact-replicas pool's targets serve one model file."
+        )
+    return ""
+
+
+def mode_refusal(identities: Sequence[Identity]) -> str:
+    """Return why these targets cannot form an Exact-replicas pool, "" when nothing stored
+    says they serve different models (unproven identities still need the confirmation)."""
+    models: dict[str, list[str]] = {}
+    for identity in identities:
+        models.setdefault(identity.model_id, []).append(identity.name)
+    if len(models) > 1:
+        serving = "; ".join(
+            f"{', '.join(sorted(names))} {'serves' if len(names) == 1 else 'serve'} {model}"
+            for model, names in sorted(models.items())
+        )
+        return f"The targets serve different models ({serving}): make them one model first."
+    digests = {identity.digest for identity in identities if identity.digest}
+    if len(digests) > 1:
+        shown = _names({_short(digest) for digest in digests})
+        return (
+            f"The nodes report different model file digests ({shown}): the targets do not "
+            "serve one model file."
+        )
+    return ""
+
+
 def confirmation_covers(confirmation: IdentityConfirmation, identities: Sequence[Identity]) -> bool:
     """Say whether a stored confirmation was given for exactly these targets and model ids."""
     confirmed = {(entry["id"], entry["model_id"]) for entry in confirmation.targets}
@@ -242,24 +302,33 @@ def root_url(base_url: str) -> str:
 
 
 # Where each runtime says how many requests it runs at once (nodes.runtimes' catalogue names
-# them): the path, the field, and the words for the report.
-CONCURRENCY_SOURCES = (
-    ("/sim/stats", "concurrency", "the simulator's --concurrency"),
-    ("/props", "total_slots", "llama.cpp's total_slots"),
-    ("/get_server_info", "max_running_requests", "SGLang's max_running_requests"),
+# them): the path, the keys down to the figure in its JSON answer, and the words for the report.
+# vLLM's /server_info is its full configuration (older releases serve it only with
+# VLLM_SERVER_DEV_MODE=1; where it is missing the capacity is not known).
+CONCURRENCY_SOURCES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("/sim/stats", ("concurrency",), "the simulator's --concurrency"),
+    ("/props", ("total_slots",), "llama.cpp's total_slots"),
+    ("/get_server_info", ("max_running_requests",), "SGLang's max_running_requests"),
+    (
+        "/server_info?config_format=json",
+        ("vllm_config", "scheduler_config", "max_num_seqs"),
+        "vLLM's max_num_seqs",
+    ),
 )
 
 
 def detect_concurrency(client: httpx.Client, base_url: str) -> tuple[int | None, str]:
     """Return the requests the runtime behind this URL runs at once, and how that was learnt."""
     root = root_url(base_url)
-    for path, name, source in CONCURRENCY_SOURCES:
+    for path, keys, source in CONCURRENCY_SOURCES:
         try:
             answer = client.get(root + path)
-            value = answer.json().get(name) if answer.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            value = answer.json() if answer.status_code == 200 else None
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+        except (httpx.HTTPError, ValueError):
             continue
-        if isinstance(value, int) and value > 0:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value, source
     return None, ""
 
@@ -329,9 +398,15 @@ def identity_of(target: Target) -> Identity:
     return Identity(target.pk, target.name, target.model_id, target.base_url, digest)
 
 
-def validate(pool: Pool, *, probe_kinds: bool = False) -> PoolReport:
-    """Validate every target of the pool and the pool as a whole; change nothing."""
-    targets = list(pool.targets.select_related("node"))
+def validate(
+    pool: Pool, *, probe_kinds: bool = False, targets: Sequence[Target] | None = None
+) -> PoolReport:
+    """Validate every target of the pool and the pool as a whole; change nothing.
+
+    `targets`: a pool not created yet (the create-pool wizard's draft) passes its targets as
+    unsaved instances, each with its pool, node, URL, model id, kinds and credential.
+    """
+    targets = list(targets) if targets is not None else list(pool.targets.select_related("node"))
     # Asked at once (gathering touches no database): a pool's wait is its slowest target's.
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(targets) or 1)) as executor:
         gathered = list(executor.map(lambda t: gather(t, probe_kinds=probe_kinds), targets))
@@ -348,7 +423,7 @@ def validate(pool: Pool, *, probe_kinds: bool = False) -> PoolReport:
         )
     checks: list[Check] = []
     needs_confirmation = False
-    latest = pool.identity_confirmations.first()
+    latest = pool.identity_confirmations.first() if pool.pk is not None else None
     confirmation = None
     if pool.compatibility_mode == CompatibilityMode.EXACT_REPLICAS and targets:
         identities = [identity_of(target) for target in targets]

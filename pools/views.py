@@ -10,12 +10,17 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
 from nexus import access, live, scopes
 from nexus.auth import TokenRefused, bearer_token
 from nexus.pages import HtmxHttpRequest, render_page_or_fragment
+from nexus.services import redis_client, redis_text
 from pools.gateway import metrics
+from pools.gateway.history import writer_drops_key
 from pools.models import Pool
 
 POOL_LIST = "pools/pool_list.html"
@@ -45,6 +50,8 @@ def pool_list(request: HtmxHttpRequest) -> HttpResponse:
     """Render the pools page, or only its table for an htmx request."""
     user = request.user
     context = pools_table_context(visible_pools(user), live.audience_of(user))
+    # Who may create a pool (the wizard's rule): anyone who may change some project.
+    context["can_create"] = access.changeable_projects(user).exists()
     return render_page_or_fragment(request, POOL_LIST, POOLS_TABLE, context)
 
 
@@ -82,9 +89,37 @@ def metrics_answer(status: int, message: str) -> HttpResponse:
     return response
 
 
+class WriterDrops(Collector):
+    """The rows the history writers dropped, by cause, as they counted them in Redis: they are
+    processes of their own that serve no /metrics. When Redis does not answer, the series is
+    left out of that scrape rather than reported as zero."""
+
+    def collect(self) -> Any:
+        try:
+            counts = redis_client().hgetall(writer_drops_key(settings.NEXUS_REDIS_PREFIX))
+        except RedisError:
+            return
+        family = CounterMetricFamily(
+            "nexus_history_writer_dropped_rows",
+            "Routing records the history writers dropped, by cause: rejected (the database "
+            "refused their batch for good); malformed (an entry that could not be decoded) and "
+            "trimmed (the stream lost it before it was read) count stream entries, whose rows "
+            "are unknown.",
+            labels=["cause"],
+        )
+        for cause, count in sorted(counts.items()):
+            family.add_metric([redis_text(cause)], int(count))
+        yield family
+
+
+WRITER_DROPS = CollectorRegistry()
+WRITER_DROPS.register(WriterDrops())
+
+
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """Serve the gateway's metrics in Prometheus's text format."""
+    """Serve the gateway's metrics in Prometheus's text format, and the history writers'."""
     if (refusal := metrics_refusal(request)) is not None:
         return refusal
-    return HttpResponse(generate_latest(metrics.registry()), content_type=CONTENT_TYPE_LATEST)
+    body = generate_latest(metrics.registry()) + generate_latest(WRITER_DROPS)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -24,6 +27,16 @@ from pools.models import (
 )
 
 SLUG_IMMUTABLE = "A pool's slug cannot change: apps call it as @pool/<slug>."
+
+
+@contextmanager
+def refusals_as_400() -> Iterator[None]:
+    """Turn a service's refusal (Django's ValidationError, e.g. an Exact-replicas pool refusing
+    a target of another model) into DRF's, answered 400 with the reasons by field."""
+    try:
+        yield
+    except DjangoValidationError as refused:
+        raise serializers.ValidationError(refused.message_dict) from None
 
 
 def visible_pools(request: Request) -> QuerySet[Pool]:
@@ -121,11 +134,13 @@ class TargetSerializer(serializers.ModelSerializer):
     def create(self, validated_data: dict[str, Any]) -> Target:
         credential = validated_data.pop("credential", "")
         pool = validated_data.pop("pool")
-        return services.add_target(pool, validated_data, credential=credential)
+        with refusals_as_400():
+            return services.add_target(pool, validated_data, credential=credential)
 
     def update(self, instance: Target, validated_data: dict[str, Any]) -> Target:
         credential = validated_data.pop("credential", None)
-        return services.update_target(instance, validated_data, credential=credential)
+        with refusals_as_400():
+            return services.update_target(instance, validated_data, credential=credential)
 
 
 class PoolTargetSerializer(TargetSerializer):
@@ -174,7 +189,8 @@ class PoolSerializer(serializers.ModelSerializer):
         return slug
 
     def update(self, instance: Pool, validated_data: dict[str, Any]) -> Pool:
-        return services.update_pool_settings(instance, validated_data)
+        with refusals_as_400():
+            return services.update_pool_settings(instance, validated_data)
 
 
 class RoutingRecordSerializer(serializers.ModelSerializer):

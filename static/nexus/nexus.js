@@ -255,6 +255,17 @@ document.addEventListener("keydown", (event) => {
 document.addEventListener("DOMContentLoaded", () => initTabs(document));
 document.addEventListener("htmx:load", (event) => initTabs(event.target));
 
+// An error beside a field is about the value that was sent: once the field is changed, the
+// error is hidden (the server checks the new value when the form is sent again).
+function hideStaleFieldError(event) {
+  const group = event.target.closest?.(".field.has-error");
+  if (!group) return;
+  group.classList.remove("has-error");
+  for (const list of group.querySelectorAll(".errorlist")) list.hidden = true;
+}
+document.addEventListener("input", hideStaleFieldError);
+document.addEventListener("change", hideStaleFieldError);
+
 // The snippets' token chooser puts the chosen token into every snippet beside it.
 document.addEventListener("change", (event) => {
   const chooser = event.target.closest("select[data-token-chooser]");

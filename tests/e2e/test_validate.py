@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
-from pytest_django.fixtures import Settings
 
 from serving import folders
 from serving.models import ModelFolder, Service, Trial, models_root
@@ -28,14 +27,6 @@ from tests.support.worker import running_worker
 pytestmark = pytest.mark.e2e
 
 TIMEOUT_MS = 45_000
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path, settings: Settings) -> Path:
-    path = tmp_path / "data"
-    path.mkdir()
-    settings.DATA_DIR = path
-    return path
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from nexus.models import Project, Role, default_project_pk
 from tests.nexus.factories import make_pool, make_target, make_user
-from tests.support.personas import default_viewer
+from tests.support.personas import add_member, default_viewer, signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -70,6 +71,17 @@ def test_an_empty_pools_page_offers_staff_the_next_step() -> None:
     assert '<p class="empty-title">No pools yet</p>' in page
     assert "apps call it by one name, @pool/&lt;slug&gt;." in page
     assert '<a class="button primary" href="/pools/new/">Add pool</a>' in page
+
+
+def test_add_pool_is_offered_to_whoever_may_create_one() -> None:
+    """The wizard's rule: anyone who may change some project; a viewer may not."""
+    project = Project.objects.get(pk=default_project_pk())
+    owner = make_user("project-owner")
+    add_member(project, owner, Role.OWNER)
+    add_pool = '<a class="button primary" href="/pools/new/">Add pool</a>'
+
+    assert add_pool in signed_in(owner).get("/pools/").content.decode()
+    assert add_pool not in signed_in(default_viewer("viewer")).get("/pools/").content.decode()
 
 
 def test_an_htmx_request_gets_only_the_pools_table(teammate: Client) -> None:
@@ -139,6 +151,7 @@ def test_the_pools_page_costs_a_fixed_number_of_queries(
         make_target(pool, "x")
         make_target(pool, "y")
 
-    # Session, user, pools, their targets: the same for 3 pools as for 300.
-    with django_assert_num_queries(4):
+    # Session, user, whether they may create a pool, pools, their targets: the same for 3 pools
+    # as for 300.
+    with django_assert_num_queries(5):
         teammate.get("/pools/")

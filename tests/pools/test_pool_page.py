@@ -15,7 +15,7 @@ from nodes.models import NodeStatus
 from pools import console, pool_views
 from pools.balancer.health import CircuitReport
 from pools.gateway.publish import TargetReading
-from pools.models import Pool, Target, TargetHealth, TargetState
+from pools.models import Target, TargetHealth, TargetState
 from tests.deployments.factories import make_node
 from tests.nexus.factories import make_pool, make_target, make_user
 from tests.support.personas import add_member, default_viewer
@@ -386,40 +386,3 @@ def test_the_pool_page_costs_a_fixed_number_of_queries(
     with django_assert_num_queries(7):
         response = operator.get("/pools/chat/")
     assert response.status_code == 200
-
-
-def test_an_operator_creates_a_pool_in_our_own_page(operator: Client) -> None:
-    form = {"name": "Chat", "slug": "chat", "project": DEFAULT_PROJECT,
-            "compatibility_mode": "equivalent_generation", "strategy": "smart"}  # fmt: skip
-
-    page = operator.get("/pools/new/").content.decode()
-    response = operator.post("/pools/new/", form, follow=True)
-
-    assert "Exact replicas: every target serves the very same model" in page
-    assert response.redirect_chain == [("/pools/chat/", 302)]
-    assert "Chat created: add its targets." in response.content.decode()
-    pool = Pool.objects.get(slug="chat")
-    assert (pool.project.name, pool.compatibility_mode) == (
-        DEFAULT_PROJECT,
-        "equivalent_generation",
-    )
-
-
-def test_the_slug_is_checked_as_it_is_typed(operator: Client) -> None:
-    make_pool("chat")
-    form = {"name": "x", "slug": "chat", "project": DEFAULT_PROJECT,
-            "compatibility_mode": "exact_replicas", "strategy": "smart"}  # fmt: skip
-
-    taken = operator.post("/pools/new/", form, headers={"HX-Request": "true"}).content.decode()
-    free = operator.post(
-        "/pools/new/", {**form, "slug": "chat-2"}, headers={"HX-Request": "true"}
-    ).content.decode()
-
-    assert taken.lstrip().startswith('<p id="slug-check" class="error"')
-    assert "Pool with this Slug already exists." in taken
-    assert "<code>@pool/chat-2</code> is free." in free
-    assert not Pool.objects.filter(slug="chat-2").exists()
-
-
-def test_a_viewer_may_not_create_a_pool(teammate: Client) -> None:
-    assert teammate.get("/pools/new/").status_code == 403
