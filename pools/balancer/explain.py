@@ -26,9 +26,17 @@ _R_ID, _R_NAME, _R_SCORE, _R_FACTORS = _slot_setters(
 _S_ID, _S_NAME, _S_REASON, _S_DETAIL = _slot_setters(
     Skipped, "target_id", "name", "reason", "detail"
 )
-(_D_TARGET, _D_TIER, _D_RANKING, _D_SKIPPED, _D_ALL_FULL, _D_CONTINUITY, _D_UNRANKED) = (
+(_D_TARGET, _D_TIER, _D_RANKING, _D_SKIPPED, _D_ALL_FULL, _D_CONTINUITY, _D_UNRANKED, _D_WAIT) = (
     _slot_setters(
-        Decision, "target_id", "tier", "ranking", "skipped", "all_full", "continuity", "unranked"
+        Decision,
+        "target_id",
+        "tier",
+        "ranking",
+        "skipped",
+        "all_full",
+        "continuity",
+        "unranked",
+        "sticky_wait",
     )
 )
 
@@ -80,6 +88,7 @@ def decision(
     _D_ALL_FULL(built, all_full)
     _D_CONTINUITY(built, continuity)
     _D_UNRANKED(built, unranked)
+    _D_WAIT(built, None)
     return built
 
 

@@ -290,9 +290,19 @@ class LatencyStats:
     alpha: float = 0.2  # weight of the newest sample
     ttft_s: float | None = None
     tpot_s: float | None = None
+    service_s: float | None = None  # how long a request held a slot (sent to released)
 
-    def record(self, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+    def record(
+        self,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+        service_s: float | None = None,
+    ) -> None:
         """Fold in a finished request's timings; pass None for one it did not measure."""
+        if service_s is not None:
+            self.service_s = (
+                service_s if self.service_s is None else self._blend(self.service_s, service_s)
+            )
         if ttft_s is not None:
             self.ttft_s = ttft_s if self.ttft_s is None else self._blend(self.ttft_s, ttft_s)
         if tpot_s is not None:

@@ -53,6 +53,9 @@ class _Waiter:
     affinity: Affinity
     arrived_at: float  # the caller's clock (monotonic seconds); FairQueue keeps none itself
     passed: int = 0  # how many times a later waiter took a slot before it
+    # The one target whose slot it waits for (a bounded wait for its full sticky target,
+    # balancer.sticky); None: any target's.
+    only: int | None = None
 
 
 def woken_for(what: str, target_name: str, passed: int) -> str:
@@ -61,10 +64,18 @@ def woken_for(what: str, target_name: str, passed: int) -> str:
     return f"{what} on {target_name}, ahead of {passed} earlier {earlier}"
 
 
+def woken_pinned(target_name: str, passed: int) -> str:
+    """Return the history's note for a waiter woken by the slot it waited for on its target."""
+    note = f"sticky target {target_name} freed a slot"
+    if passed:
+        note += f", ahead of {passed} earlier {'waiter' if passed == 1 else 'waiters'}"
+    return note
+
+
 class FairQueue(Generic[T]):
     """Hold waiting tickets in one FIFO per client token and serve the tokens in turn."""
 
-    __slots__ = ("max_size", "_fifos", "_token_of", "_waiters")
+    __slots__ = ("max_size", "_fifos", "_token_of", "_waiters", "_pinned")
 
     def __init__(self, max_size: int) -> None:
         if max_size < 1:
@@ -75,12 +86,31 @@ class FairQueue(Generic[T]):
         self._fifos: OrderedDict[int, OrderedDict[T, None]] = OrderedDict()
         self._token_of: dict[T, int] = {}
         self._waiters: dict[T, _Waiter] = {}
+        # Waiters for one target only, counted by target (sticky waits).
+        self._pinned: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._token_of)
 
     def __contains__(self, ticket: object) -> bool:
         return ticket in self._token_of
+
+    def unpinned(self) -> int:
+        """Return how many waiters would take a slot on any target (not waiting for one)."""
+        return len(self._token_of) - sum(self._pinned.values())
+
+    def pinned_to(self, target_id: int) -> int:
+        """Return how many waiters wait for a slot on this target only."""
+        return self._pinned.get(target_id, 0)
+
+    def bound_for(self, target_id: int) -> int:
+        """Return how many waiters a slot freed on this target would go to first: those that
+        wait for it only, and those whose conversation lives there (`pop_for`). O(waiters)."""
+        return sum(
+            1
+            for waiter in self._waiters.values()
+            if waiter.only == target_id or waiter.affinity.session_target_id == target_id
+        )
 
     def refusal(self, token_id: int) -> str | None:
         """Return why a new ticket of this token would be refused, or None if it would get in.
@@ -125,12 +155,20 @@ class FairQueue(Generic[T]):
         return held, self.max_size / tokens
 
     def admit(
-        self, token_id: int, ticket: T, *, at: float = 0.0, affinity: Affinity = NO_AFFINITY
+        self,
+        token_id: int,
+        ticket: T,
+        *,
+        at: float = 0.0,
+        affinity: Affinity = NO_AFFINITY,
+        only: int | None = None,
     ) -> str | None:
         """Queue the ticket behind its token's earlier ones; return the refusal reason, if any.
 
         In a full queue it takes the place of `victim(token_id)`, which leaves the queue.
-        at: when it arrived (the caller's clock); affinity: where its conversation lives.
+        at: when it arrived (the caller's clock); affinity: where its conversation lives;
+        only: the one target whose slot it waits for (`pop` passes it by, `pop_for` offers it
+        only that target's slots).
         """
         if ticket in self._token_of:
             raise ValueError("this ticket is already queued")
@@ -145,7 +183,9 @@ class FairQueue(Generic[T]):
                 fifo = self._fifos[token_id] = OrderedDict()
             fifo[ticket] = None
             self._token_of[ticket] = token_id
-            self._waiters[ticket] = _Waiter(affinity, at)
+            self._waiters[ticket] = _Waiter(affinity, at, only=only)
+            if only is not None:
+                self._pinned[only] = self._pinned.get(only, 0) + 1
         return reason
 
     def readmit(
@@ -165,13 +205,20 @@ class FairQueue(Generic[T]):
         self._waiters[ticket] = _Waiter(affinity, at)
 
     def pop(self) -> T | None:
-        """Take the next ticket: the oldest of the token whose turn it is."""
+        """Take the next ticket: the oldest of the token whose turn it is (passing by those
+        that wait for one target only: the slot may be another's)."""
         if not self._fifos:
             return None
-        token_id, fifo = next(iter(self._fifos.items()))
-        ticket = next(iter(fifo))
-        self._take(token_id, ticket)
-        return ticket
+        if not self._pinned:
+            token_id, fifo = next(iter(self._fifos.items()))
+            ticket = next(iter(fifo))
+            self._take(token_id, ticket)
+            return ticket
+        for token_id, ticket in self._fair_order():
+            if self._waiters[ticket].only is None:
+                self._take(token_id, ticket)
+                return ticket
+        return None
 
     def pop_for(self, target_id: int, target_name: str = "") -> tuple[T, str] | None:
         """Take the ticket a slot freed on this target goes to, and the rule that chose it.
@@ -182,7 +229,9 @@ class FairQueue(Generic[T]):
         one passed over MAX_PASSED times already ends the search (it is served in turn). Else
         the next ticket in fair order takes it (`WOKEN_IN_ORDER`). The token of the ticket
         taken moves to the end of the turn order, as with `pop`: taking a slot early spends
-        that token's turn, so no token gets more than its share of turns.
+        that token's turn, so no token gets more than its share of turns. A ticket waiting for
+        this target only counts as its conversation; one waiting for another target is not
+        offered this slot and not counted as passed over.
         """
         if not self._fifos:
             return None
@@ -191,12 +240,14 @@ class FairQueue(Generic[T]):
         head_arrived = 0.0
         for token_id, ticket in self._fair_order():
             waiter = self._waiters[ticket]
+            if waiter.only is not None and waiter.only != target_id:
+                continue
             if not window:
                 head_arrived = waiter.arrived_at
             window.append((token_id, ticket))
             if waiter.arrived_at - head_arrived <= MAX_LEAD_S:
                 affinity = waiter.affinity
-                if affinity.session_target_id == target_id:
+                if waiter.only == target_id or affinity.session_target_id == target_id:
                     session_at = len(window) - 1
                     break
                 if prefix_at < 0 and affinity.prefix_target_id == target_id:
@@ -210,10 +261,15 @@ class FairQueue(Generic[T]):
             if prefix_at >= 0
             else (0, "")  # the next in fair order
         )
+        if not window:
+            return None  # every waiter waits for another target
         for _, earlier in window[:chosen]:
             self._waiters[earlier].passed += 1
         token_id, ticket = window[chosen]
+        pinned = self._waiters[ticket].only is not None
         self._take(token_id, ticket)
+        if pinned:
+            return ticket, woken_pinned(target_name, chosen)
         return ticket, woken_for(what, target_name, chosen) if chosen else WOKEN_IN_ORDER
 
     def _take(self, token_id: int, ticket: T) -> None:
@@ -221,7 +277,7 @@ class FairQueue(Generic[T]):
         fifo = self._fifos[token_id]
         del fifo[ticket]
         del self._token_of[ticket]
-        del self._waiters[ticket]
+        self._unpin(self._waiters.pop(ticket))
         if fifo:
             self._fifos.move_to_end(token_id)
         else:
@@ -247,12 +303,21 @@ class FairQueue(Generic[T]):
         token_id = self._token_of.pop(ticket, None)
         if token_id is None:
             return False
-        del self._waiters[ticket]
+        self._unpin(self._waiters.pop(ticket))
         fifo = self._fifos[token_id]
         del fifo[ticket]
         if not fifo:
             del self._fifos[token_id]
         return True
+
+    def _unpin(self, waiter: _Waiter) -> None:
+        only = waiter.only
+        if only is not None:
+            left = self._pinned[only] - 1
+            if left:
+                self._pinned[only] = left
+            else:
+                del self._pinned[only]
 
     def waiting_for(self, token_id: int) -> int:
         """Return how many tickets this token has queued."""
@@ -336,6 +401,10 @@ class PoolQueue:
     def __len__(self) -> int:
         return len(self.fair)
 
+    def unpinned(self) -> int:
+        """Return how many waiters would take a slot on any target (newcomers go behind them)."""
+        return self.fair.unpinned()
+
     def record_service_time(self, seconds: float) -> None:
         """Remember how long a finished request held its slot, for wait estimates."""
         self._service_times.append(seconds)
@@ -352,6 +421,7 @@ class PoolQueue:
         capacity: int,
         again: bool = False,
         affinity: Affinity = NO_AFFINITY,
+        only: int | None = None,
     ) -> str:
         """Wait until `wake_next` or `wake_for` hands this request a slot; return the rule that
         chose it (WOKEN_IN_ORDER, or the `woken_for` note of an affinity-aware wake-up).
@@ -361,6 +431,8 @@ class PoolQueue:
         place to a token under its own; QueueTimeout when max_wait_s passes. On cancellation (the
         client left) the request leaves the queue at once. again: the request was woken but
         found no room (another took it first); it goes back first in line, without admission.
+        only: wait for a slot on this target alone (a bounded wait for a full sticky target,
+        balancer.sticky): its own bound is max_wait_s, so no early refusal by estimate.
         """
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         now = time.monotonic()
@@ -372,12 +444,12 @@ class PoolQueue:
             ahead = self.fair.ahead_of_new(token_id)
             reason = self.fair.refusal(token_id)
             wait_s = estimated_wait_s(self._service_times, ahead, capacity)
-            if reason is None and wait_s > max_wait_s:
+            if reason is None and wait_s > max_wait_s and only is None:
                 reason = WAIT_TOO_LONG
             if reason is not None:
                 raise QueueFull(reason, retry_after_s(self._service_times, ahead, capacity))
             victim = self.fair.victim(token_id)
-            self.fair.admit(token_id, future, at=now, affinity=affinity)
+            self.fair.admit(token_id, future, at=now, affinity=affinity, only=only)
             if victim is not None and not victim.done():
                 # It waited behind its own token's earlier requests, at the end of the queue.
                 wait_s = retry_after_s(self._service_times, len(self.fair), capacity)

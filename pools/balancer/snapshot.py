@@ -77,6 +77,9 @@ class TargetView:
     engine_counted: int | None = None
     ttft_s: float | None = None  # EWMA of time to first token, None when no sample yet
     tpot_s: float | None = None  # EWMA of time per output token
+    # EWMA of how long a request held a slot here (sent to released), None when no sample yet:
+    # how soon a full target frees a slot (sticky.py).
+    service_s: float | None = None
     error_rate: float = 0.0  # recent share of failed requests, 0..1
     warm: bool = False  # served a request recently or reports the model loaded
 
@@ -100,6 +103,11 @@ class RequestFacts:
     kind: str  # "chat" | "completions" | "embeddings"
     sticky_target_id: int | None = None  # the target this conversation used last
     prefix_target_id: int | None = None  # a target that recently served the same prompt prefix
+    # The answer's length as the request bounds it (max_tokens), None when it does not.
+    output_tokens: int | None = None
+    # How long the request may still wait for its sticky target when that is full (sticky.py);
+    # 0: it may not (it waited once already, was woken for another slot, or is a retry).
+    may_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +140,42 @@ class Skipped:
 
 
 @dataclass(frozen=True, slots=True)
+class StickyWait:
+    """The verdict that a request waits for its full sticky target rather than move (sticky.py).
+
+    Times in seconds: `predicted_s` until a slot frees there, `loss_s` that moving to
+    `alternative` would cost (recomputing the prompt there, slower decoding), `bound_s` the
+    longest it waits before it is placed as usual.
+    """
+
+    target_id: int
+    name: str
+    alternative_id: int
+    alternative: str
+    predicted_s: float
+    loss_s: float
+    bound_s: float
+
+    def reason(self) -> str:
+        """Say why it waits, e.g. "predicted 150 ms < 420 ms re-prefill and decode loss on t2"."""
+        return (
+            f"predicted {self.predicted_s * 1000:.0f} ms < {self.loss_s * 1000:.0f} ms "
+            f"re-prefill and decode loss on {self.alternative}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the verdict as JSON-ready data (milliseconds), for history and the dry run."""
+        return {
+            "target_id": self.target_id,
+            "name": self.name,
+            "alternative": self.alternative,
+            "predicted_ms": round(self.predicted_s * 1000, 1),
+            "loss_ms": round(self.loss_s * 1000, 1),
+            "bound_ms": round(self.bound_s * 1000, 1),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """Where a request goes, and the explanation kept in its history."""
 
@@ -146,6 +190,9 @@ class Decision:
     # Candidates of the chosen tier left out of `ranking`: a tier of more than RANK_IN_FULL
     # candidates lists only its best ones (strategies.RANK_IN_FULL; the choice is the same).
     unranked: int = 0
+    # Set when the request should wait for its full sticky target before taking `target_id`
+    # (sticky.py); kept on the decision that follows the wait, for its history.
+    sticky_wait: StickyWait | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the decision as JSON-ready data, for history and the dry-run API."""
@@ -179,4 +226,6 @@ class Decision:
         if self.unranked:
             # A large tier: only its best candidates are listed (strategies.RANK_IN_FULL).
             data["unranked"] = self.unranked
+        if self.sticky_wait is not None:
+            data["sticky_wait"] = self.sticky_wait.to_dict()
         return data

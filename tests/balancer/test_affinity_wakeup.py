@@ -18,6 +18,7 @@ from pools.balancer.queue import (
     FairQueue,
     PoolQueue,
 )
+from tests.support.properties import examples
 
 ALICE, BOB = 1, 2
 T1, T2, T3 = 11, 12, 13
@@ -95,7 +96,7 @@ arrivals = st.lists(
 frees = st.lists(st.sampled_from([T1, T2, T3]), max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(arrivals, frees)
 def test_every_wake_up_keeps_the_bounds(arrived, freed):
     queue: FairQueue[int] = FairQueue(100)
@@ -132,7 +133,7 @@ def test_every_wake_up_keeps_the_bounds(arrived, freed):
             assert rule == WOKEN_IN_ORDER
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(arrivals, frees)
 def test_without_affinities_a_freed_slot_goes_in_fair_order(arrived, freed):
     plain: FairQueue[int] = FairQueue(100)

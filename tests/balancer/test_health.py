@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pools.balancer.health import CircuitState, HealthPolicy, LatencyStats, PassiveHealth
+from tests.support.properties import examples
 
 T = 7  # the target under test
 
@@ -282,7 +283,7 @@ EVENTS = st.lists(
 )
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(events=EVENTS)
 def test_the_circuit_keeps_its_rules_under_any_sequence_of_events(events):
     # A low cap, so that random runs reach it.

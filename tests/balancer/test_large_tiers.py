@@ -14,6 +14,7 @@ from pools.balancer.snapshot import PoolPolicy, RequestFacts, TargetView
 from pools.balancer.strategies import RANK_IN_FULL, decide
 from tests.balancer import target
 from tests.balancer.test_properties import STRATEGIES, build_pool
+from tests.support.properties import examples
 
 
 def both_ways(
@@ -48,7 +49,7 @@ def assert_same_choice(targets, policy, request, seed, turn):
         assert made.to_dict()["unranked"] == made.unranked
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.integers(0, 2**32),
     st.integers(RANK_IN_FULL, 99),

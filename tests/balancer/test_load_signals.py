@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from pools.balancer.snapshot import Factor, TargetView
 from pools.balancer.strategies import engine_load, load_of
 from tests.balancer import route, target
+from tests.support.properties import examples
 
 counts = st.integers(0, 64)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(in_flight=counts, counted=counts, other_clients=counts, lag=st.integers(0, 64))
 def test_the_engine_adds_exactly_the_other_clients_load(in_flight, counted, other_clients, lag):
     # The engine saw what Nexus had sent it then (some requests not there yet: `lag`) plus
@@ -33,7 +34,7 @@ def test_the_engine_adds_exactly_the_other_clients_load(in_flight, counted, othe
         assert load == in_flight + other_clients
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     capacity=st.integers(1, 16),
     in_flight=counts,

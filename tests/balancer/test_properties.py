@@ -23,6 +23,7 @@ from pools.balancer.snapshot import (
     TargetView,
 )
 from pools.balancer.strategies import decide
+from tests.support.properties import examples
 
 KINDS = ("chat", "completions", "embeddings")
 STRATEGIES = ("smart", "priority", "capacity", "least_busy", "round_robin")
@@ -239,7 +240,7 @@ def assert_continuity(
         assert sticky_entry.score > decision.ranking[0].score
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(situations, st.integers(0, 10**6), st.integers(0, 2**32))
 def test_every_decision_keeps_the_invariants_and_is_deterministic(situation, turn, seed):
     targets, policy, request, exclude = situation
@@ -255,7 +256,7 @@ def test_every_decision_keeps_the_invariants_and_is_deterministic(situation, tur
         assert rng.random() == twin.random()  # the same random state consumed
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(pools, st.integers(0, 10**6), st.sampled_from(KINDS))
 def test_round_robin_visits_every_candidate_once_per_round(targets, start, kind):
     policy, request = PoolPolicy(strategy="round_robin"), RequestFacts(kind=kind)

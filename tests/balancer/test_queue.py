@@ -19,6 +19,7 @@ from pools.balancer.queue import (
     estimated_wait_s,
     retry_after_s,
 )
+from tests.support.properties import examples
 
 ALICE, BOB, CAROL = 1, 2, 3
 
@@ -204,7 +205,7 @@ OPERATIONS = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(max_size=st.integers(min_value=1, max_value=12), operations=OPERATIONS)
 def test_it_keeps_its_invariants_under_any_sequence_of_operations(max_size, operations):
     queue: FairQueue[int] = FairQueue(max_size)
@@ -301,7 +302,7 @@ def test_it_keeps_its_invariants_under_any_sequence_of_operations(max_size, oper
         }
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(schedule=st.lists(st.sampled_from(["big", "small", "pop", "pop"]), max_size=300))
 def test_a_token_with_10_queued_waits_a_bounded_time_while_another_has_1000(schedule):
     # Given a heavy token with 1,000 requests waiting,

@@ -65,6 +65,9 @@ ENGINES: dict[str, dict[str, Any]] = {
     "idle_b": {"ttft_ms": 0, "tpot_ms": 20},
     "wake_a": {"ttft_ms": 0, "tpot_ms": 20},
     "wake_b": {"ttft_ms": 0, "tpot_ms": 20},
+    # Bounded wait for a full sticky target: a quick engine and one six times slower.
+    "quick": {"ttft_ms": 0, "tpot_ms": 5},
+    "sluggish": {"ttft_ms": 0, "tpot_ms": 30},
     "slow": {"ttft_ms": 0, "tpot_ms": 40},
     "locked": {"ttft_ms": 0, "tpot_ms": 1, "api_key": "sk-engine"},
 }
@@ -185,6 +188,9 @@ def _build_pools(engines: dict[str, Simulator]) -> dict[tuple[str, str], int]:
         [(name, name, {"capacity_weight": 1}) for name in ("wake_a", "wake_b")],
         max_queue=10,
     )
+    # Bounded wait for a full sticky target: one slot on each of two engines of unequal speed.
+    for slug in ("sticky-wait-short", "sticky-wait-long", "sticky-wait-bound", "sticky-wait-woken"):
+        pool(slug, [(name, name, {"capacity_weight": 1}) for name in ("quick", "sluggish")])
     # Queue: one slot on the slow engine.
     for slug in ("queue-full", "queue-timeout", "queue-gone", "queue-gone-wait", "queue-estimate"):
         pool(slug, [("only", "slow", {"capacity_weight": 1})], max_queue=2)
@@ -800,6 +806,125 @@ def test_a_slot_freed_on_a_conversations_target_goes_to_it_before_an_earlier_wai
     assert decision["woken_by"] == f"conversation on {home}, ahead of 1 earlier waiter"
     assert decision["continuity"] == "kept"
     assert world.record(first_in_line).decision["woken_by"] == "fair order"
+
+
+def conversation_on_the_quick_target(world: World, pool: str) -> dict[str, str]:
+    """Teach the pool both engines' speeds, then start a conversation (on the quick one)."""
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        # One 80-token stream on each target at once: speeds and slot times are measured. The
+        # quick target's slot time (about 400 ms, 330 ms with turn 1 averaged in) sets each
+        # wait's prediction and bound (1.5 ×): the streams that fill it below end well within.
+        first = hold_slot(executor, world, pool, tokens=80)
+        second = executor.submit(world.chat, pool, max_tokens=80, stream=True)
+        assert {first.result().target, second.result().target} == {"quick", "sluggish"}
+    session = {SESSION: f"s-{pool}-{uuid.uuid4().hex[:8]}"}
+    assert turn(world, pool, 1, headers=session).target == "quick"
+    return session
+
+
+def second_turn_beside_a_holder(
+    world: World, pool: str, session: dict[str, str], *, holder_tokens: int, max_tokens: int
+) -> Answer:
+    """Fill the quick target with another client's stream of `holder_tokens`, send the
+    conversation's second turn meanwhile, and return its answer (the holder was on quick)."""
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        holder = hold_slot(executor, world, pool, tokens=holder_tokens)
+        second = turn(world, pool, 2, headers=session, max_tokens=max_tokens)
+        assert holder.result().target == "quick"
+    return second
+
+
+# Timing: the quick target's slot must free within the wait's bound (about 1.5 × its slot time).
+@pytest.mark.serial
+def test_a_conversation_waits_for_its_full_target_when_that_is_shorter_than_moving(
+    world: World,
+) -> None:
+    session = conversation_on_the_quick_target(world, "sticky-wait-short")
+    # Another client's short stream (30 tokens, about 150 ms) fills the quick target: it ends
+    # well within the wait's bound (about 1.5 × the quick target's 330 ms slot time). 20 tokens:
+    # moving to the sluggish target costs about 20 × 25 ms more decoding.
+    second = second_turn_beside_a_holder(
+        world, "sticky-wait-short", session, holder_tokens=30, max_tokens=20
+    )
+
+    assert second.status == 200
+    assert second.target == "quick"
+    record = world.record(second)
+    decision = record.decision
+    assert re.fullmatch(
+        r"waited \d+ ms for sticky target quick \(predicted \d+ ms < \d+ ms re-prefill and "
+        r"decode loss on sluggish\)",
+        decision["continuity"],
+    ), decision["continuity"]
+    assert decision["woken_by"] == "sticky target quick freed a slot"
+    wait = decision["sticky_wait"]
+    assert (wait["name"], wait["alternative"]) == ("quick", "sluggish")
+    assert wait["predicted_ms"] < wait["loss_ms"]
+    assert record.queue_wait_ms <= wait["bound_ms"] + 50  # woken, not timed out
+
+
+@pytest.mark.serial
+def test_a_conversation_moves_at_once_when_its_full_target_would_take_longer_than_moving(
+    world: World,
+) -> None:
+    session = conversation_on_the_quick_target(world, "sticky-wait-long")
+    # 2 tokens: moving costs about 50 ms, less than a slot of the quick target takes.
+    second = second_turn_beside_a_holder(
+        world, "sticky-wait-long", session, holder_tokens=40, max_tokens=2
+    )
+
+    assert second.target == "sluggish"
+    record = world.record(second)
+    assert record.decision["continuity"] == "yielded: sticky target full"
+    assert "sticky_wait" not in record.decision
+    assert record.queue_wait_ms < 50
+
+
+@pytest.mark.serial
+def test_a_conversation_that_waited_its_bound_in_vain_moves_and_the_history_says_so(
+    world: World,
+) -> None:
+    session = conversation_on_the_quick_target(world, "sticky-wait-bound")
+    # A 200-token stream (about 1 s) holds the quick target far beyond the wait's bound.
+    second = second_turn_beside_a_holder(
+        world, "sticky-wait-bound", session, holder_tokens=200, max_tokens=20
+    )
+
+    assert second.target == "sluggish"
+    record = world.record(second)
+    bound = record.decision["sticky_wait"]["bound_ms"]
+    found = re.fullmatch(
+        r"yielded: sticky target full after waiting (\d+) ms for it \(bound (\d+) ms\)",
+        record.decision["continuity"],
+    )
+    assert found is not None, record.decision["continuity"]
+    waited_ms, text_bound_ms = int(found[1]), int(found[2])
+    # The text gives whole milliseconds, the history a tenth: 509.49 reads "509" beside 509.5.
+    assert waited_ms >= text_bound_ms
+    assert abs(text_bound_ms - bound) <= 0.5
+    assert record.queue_wait_ms >= bound
+    assert "woken_by" not in record.decision
+
+
+# Timing: the sluggish target's slot frees first, the quick one's within the wait's bound after.
+@pytest.mark.serial
+def test_a_waiter_woken_for_another_target_hands_that_slot_on_and_waits_for_its_own(
+    world: World,
+) -> None:
+    session = conversation_on_the_quick_target(world, "sticky-wait-woken")
+    with ThreadPoolExecutor(max_workers=3) as executor:
+        # Both targets full: the quick one for about 450 ms, the sluggish one for about 150 ms
+        # (time for the turn to reach the queue); the quick one then frees within the bound.
+        on_quick = hold_slot(executor, world, "sticky-wait-woken", tokens=90)
+        on_sluggish = hold_slot(executor, world, "sticky-wait-woken", tokens=5)
+        second = turn(world, "sticky-wait-woken", 2, headers=session, max_tokens=20)
+        assert (on_quick.result().target, on_sluggish.result().target) == ("quick", "sluggish")
+
+    assert second.target == "quick"
+    decision = world.record(second).decision
+    assert decision.get("woken_by") == "sticky target quick freed a slot", decision
+    assert decision["continuity"].startswith("waited "), decision["continuity"]
+    assert decision["sticky_wait"]["alternative"] == "sluggish"
 
 
 @pytest.mark.parametrize("key", ["prompt_cache_key", "user"])
