@@ -14,30 +14,22 @@ Usage: python bench/history_pages.py [--rows 100000] [--runs 7]
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pools.models import Pool, Target
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+from bench.page_database import on_throwaway_database, timed  # noqa: E402
+
 TARGET = "200 ms server time for the first and the 500th page, filtered by target and outcome"
-
-
-def database_url(name: str) -> str:
-    parts = urlsplit(SERVER_URL)
-    return urlunsplit(parts._replace(path=f"/{name}"))
 
 
 def main() -> None:
@@ -45,21 +37,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
-    name = f"bench_history_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(SERVER_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        os.environ["DATABASE_URL"] = database_url(name)
-        os.environ["DJANGO_SETTINGS_MODULE"] = "nexus.settings"
-        os.environ.setdefault("NEXUS_DATA_DIR", f"/tmp/{name}")
-        os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
-        run(args.rows, args.runs)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(SERVER_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    on_throwaway_database("bench_history", lambda: run(args.rows, args.runs))
 
 
 def run(rows: int, runs: int) -> None:
@@ -105,14 +83,13 @@ def run(rows: int, runs: int) -> None:
     print(f"{matching:,} rows match target={fast.name} outcome=ok; {PAGE_SIZE} rows a page")
     print(f"target: {TARGET}")
     for label, url in cases.items():
-        times = []
-        for _ in range(runs):
-            began = time.perf_counter()
-            response = client.get(url)
-            times.append((time.perf_counter() - began) * 1000)
+
+        def full_page(response: Any, label: str = label) -> None:
             assert response.status_code == 200, response.status_code
             assert response.content.count(b"data-request-id=") == PAGE_SIZE, label
-        print(f"  {label:28} median {statistics.median(times):6.1f} ms  max {max(times):6.1f} ms")
+
+        median, slowest = timed(partial(client.get, url), runs, full_page)
+        print(f"  {label:28} median {median:6.1f} ms  max {slowest:6.1f} ms")
     # The view's own queries for the filtered 500th page, and how PostgreSQL runs the page's.
     with CaptureQueriesContext(connection) as captured:
         client.get(cases["target+outcome, page 500"])

@@ -20,7 +20,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from nexus import live
-from nexus.services import redis_client
+from nexus.services import redis_client, redis_text
 from pools.balancer.health import CircuitReport
 from pools.balancer.snapshot import TargetView
 from pools.gateway import publish
@@ -89,8 +89,7 @@ class LiveState:
             in_flight=reading.in_flight,
             engine_running=reading.engine_running if fresh else None,
             engine_waiting=reading.engine_waiting if fresh else None,
-            # Not published: the dry run counts the engine's reading beyond the current count.
-            engine_counted=None,
+            engine_counted=reading.engine_counted if fresh else None,
             ttft_s=reading.ttft_s,
             tpot_s=reading.tpot_s,
             error_rate=reading.error_rate,
@@ -104,7 +103,7 @@ def gateway_readings() -> list[GatewayReadings]:
     client = redis_client()
     try:
         processes = [
-            _text(process)
+            redis_text(process)
             for process in client.zrangebyscore(publish.index_key(prefix), time.time(), "+inf")
         ]
         documents = (
@@ -124,10 +123,6 @@ def gateway_readings() -> list[GatewayReadings]:
         except ValueError:
             logger.warning("ignoring a malformed gateway live-state reading")
     return readings
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def live_state(target_ids: Collection[int]) -> LiveState:
@@ -180,6 +175,13 @@ def merge(
             engine_running=engine.engine_running if engine else None,
             engine_waiting=engine.engine_waiting if engine else None,
             engine_read_at=engine.engine_read_at if engine else None,
+            # What that process counted at the reading is comparable with the merged in-flight
+            # count only when both are the shared ledger's, or it is the only process: else
+            # other gateways' requests would count twice (None: the engine's count is taken
+            # as including the current one, the balancer's rule when it is unknown).
+            engine_counted=engine.engine_counted
+            if engine and (shared_counts is not None or len(seen) == 1)
+            else None,
         )
     queued: dict[int, int] = {}
     turns: dict[int, int] = {}

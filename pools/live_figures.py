@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from nexus.services import redis_client
+from nexus.services import redis_client, redis_text
 from pools.gateway import counters
 from pools.gateway.counters import BUCKET_S
 from pools.gateway.metrics import TTFT_BUCKETS
@@ -42,7 +42,7 @@ class Bucket:
     @classmethod
     def parse(cls, fields: Mapping[bytes | str, bytes | str]) -> Bucket:
         """Return the bucket a Redis hash holds (pools.gateway.counters' field names)."""
-        values = {_text(name): int(n) for name, n in fields.items()}
+        values = {redis_text(name): int(n) for name, n in fields.items()}
         return cls(
             requests=values.get(counters.REQUESTS, 0),
             errors=values.get(counters.ERRORS, 0),
@@ -75,10 +75,6 @@ class Bucket:
 EMPTY = Bucket()
 # Buckets by their start (epoch seconds), of one pool or merged.
 Buckets = Mapping[int, Bucket]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def percentile(histogram: Sequence[int], q: float) -> float | None:

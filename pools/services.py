@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F, Sum
 from django.utils import timezone
@@ -16,7 +18,7 @@ from django.utils import timezone
 from nexus.models import DEFAULT_PROJECT, ApiToken, project_named
 from nexus.ui import format as ui_format
 from nodes.models import NodeStatus, NodeTrust
-from pools import live, traffic
+from pools import live, traffic, validation
 from pools.balancer.continuity import continuity_keys
 from pools.balancer.snapshot import Decision, RequestFacts
 from pools.balancer.strategies import decide
@@ -292,8 +294,13 @@ def create_pool(fields: Mapping[str, Any]) -> Pool:
 
 
 def add_target(pool: Pool, fields: Mapping[str, Any], *, credential: str = "") -> Target:
-    """Add a target to the pool, its credential stored encrypted (never shown again)."""
+    """Add a target to the pool, its credential stored encrypted (never shown again).
+
+    Raises ValidationError (on `model_id`) when the pool is Exact replicas and what is stored
+    says the target serves another model than the pool's targets (`identity_refusal`).
+    """
     target = Target(pool=pool, **fields)
+    refuse_other_identity(target)
     target.set_credential(credential)
     target.save()
     return target
@@ -302,13 +309,42 @@ def add_target(pool: Pool, fields: Mapping[str, Any], *, credential: str = "") -
 def update_target(
     target: Target, changes: Mapping[str, Any], *, credential: str | None = None
 ) -> Target:
-    """Change a target's fields (a credential given replaces the stored one; "" removes it)."""
+    """Change a target's fields (a credential given replaces the stored one; "" removes it).
+
+    Raises ValidationError as add_target does when a changed model id or node makes it serve
+    another model than the rest of an Exact-replicas pool.
+    """
     for name, value in changes.items():
         setattr(target, name, value)
+    if {"model_id", "node", "node_id"} & set(changes):
+        refuse_other_identity(target)
     if credential is not None:
         target.set_credential(credential)
     target.save()
     return target
+
+
+def identity_refusal(target: Target) -> str:
+    """Return why this (new or changed) target may not serve in its Exact-replicas pool, ""
+    when it may: its configured model id, or its node's digest of the model file, differs
+    from the pool's other targets' (pools.validation.identity_refusal). Reads only what is
+    stored: no target is asked anything at save time."""
+    pool = target.pool
+    if pool.compatibility_mode != CompatibilityMode.EXACT_REPLICAS:
+        return ""
+    others = pool.targets.select_related("node")
+    if target.pk is not None:
+        others = others.exclude(pk=target.pk)
+    return validation.identity_refusal(
+        validation.identity_of(target), [validation.identity_of(other) for other in others]
+    )
+
+
+def refuse_other_identity(target: Target) -> None:
+    """Raise ValidationError (on `model_id`) when `identity_refusal` names a reason."""
+    refusal = identity_refusal(target)
+    if refusal:
+        raise ValidationError({"model_id": refusal})
 
 
 def remove_target(target: Target) -> None:
@@ -317,7 +353,21 @@ def remove_target(target: Target) -> None:
 
 
 def update_pool_settings(pool: Pool, changes: Mapping[str, Any]) -> Pool:
-    """Change a pool's settings (its slug stays: apps call it)."""
+    """Change a pool's settings (its slug stays: apps call it).
+
+    Raises ValidationError (on `compatibility_mode`) when the pool becomes Exact replicas while
+    what is stored says its targets serve different models.
+    """
+    becomes_exact = (
+        changes.get("compatibility_mode", pool.compatibility_mode)
+        == CompatibilityMode.EXACT_REPLICAS
+        and pool.compatibility_mode != CompatibilityMode.EXACT_REPLICAS
+    )
+    if becomes_exact:
+        targets = pool.targets.select_related("node")
+        refusal = validation.mode_refusal([validation.identity_of(t) for t in targets])
+        if refusal:
+            raise ValidationError({"compatibility_mode": refusal})
     for name, value in changes.items():
         setattr(pool, name, value)
     pool.save()
@@ -581,3 +631,16 @@ def describe_limits(token: ApiToken) -> list[str]:
     if token.max_concurrent is not None:
         limits.append(f"{ui_format.number(token.max_concurrent)} at once")
     return limits
+
+
+def run_history_writer(stop: threading.Event, consumer: str | None = None) -> int:
+    """Write the gateways' history from the Redis stream until `stop`; return the records
+    written (pools.history_writer)."""
+    from pools import history_writer  # the writer process's own; the web process never needs it
+
+    writer = history_writer.writer(consumer)
+    try:
+        writer.run(stop)
+    finally:
+        writer.client.close()
+    return writer.written

@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 from django.conf import settings
 
-from nexus import scopes
+from nexus import scopes, upstream
 from pools.gateway import errors
 from pools.gateway.errors import GatewayError
 from pools.gateway.flight import NOT_FORWARDED, Flight, Forward, Router, forwarded_headers
@@ -139,12 +139,16 @@ class Gateway:
         while self._requests and loop.time() < deadline:
             await asyncio.sleep(SHUTDOWN_POLL_S)
         if self._requests:
+            log.warning("%d requests still in flight after the grace: ending them",
+                        len(self._requests))  # fmt: skip
             self.state.cutting = True
         for task in list(self._requests):
             task.cancel()
         if self._requests:
             await asyncio.wait(list(self._requests), timeout=SHUTDOWN_CUT_WAIT_S)
         await self.aclose()
+        await upstream.close()  # its connections to the targets, before the loop stops
+        log.info("gateway stopped: history and token usage written")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = new_request_id()

@@ -18,7 +18,7 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -27,14 +27,24 @@ from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exception
 
 from nexus import upstream
 from pools.balancer import explain
-from pools.balancer.queue import QueueFull, QueueTimeout
+from pools.balancer.queue import WOKEN_IN_ORDER, QueueFull, QueueTimeout
 from pools.balancer.retry import (
     FailurePhase,
     classify,
     is_target_fault,
     misconfiguration,
 )
-from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, Skipped, SkipReason
+from pools.balancer.snapshot import (
+    Decision,
+    DrainState,
+    Health,
+    RequestFacts,
+    Skipped,
+    SkipReason,
+    StickyWait,
+    Strategy,
+)
+from pools.balancer.sticky import MAX_WAIT_S, after_wait
 from pools.gateway import errors, metrics
 from pools.gateway.errors import GatewayError
 from pools.gateway.history import AttemptRow, DecisionFacts, HistoryRecord
@@ -136,6 +146,9 @@ class Flight:
     queue_wait_s: float = 0.0
     # The rule that gave the request its slot when it waited (queue.FairQueue.pop_for), or "".
     woken_by: str = ""
+    # The verdict it waited for its full sticky target on (balancer.sticky), at most once.
+    sticky_wait: StickyWait | None = None
+    sticky_waited_s: float = 0.0
     ttft_s: float | None = None
     target: TargetEntry | None = None
     status: int | None = None
@@ -274,12 +287,33 @@ class Router:
         woken = False
         while True:
             now = time.monotonic()
-            decision = state.decide(pool, flight.facts, frozenset(exclude), now)
+            facts = flight.facts
+            if (
+                (not woken or flight.woken_by == WOKEN_IN_ORDER)
+                and not exclude
+                and flight.sticky_wait is None
+                and (facts.sticky_target_id is not None or facts.prefix_target_id is not None)
+                and pool.policy.strategy == Strategy.SMART
+            ):
+                # A first decision (not a retry), or one woken in fair order for a slot on
+                # another target than its conversation's, may get the verdict to wait a bounded
+                # time for its full sticky target instead (balancer.sticky).
+                facts = replace(facts, may_wait_s=min(MAX_WAIT_S, flight.deadline - now))
+            decision = state.decide(pool, facts, frozenset(exclude), now)
+            if flight.sticky_wait is not None:
+                decision = after_wait(decision, flight.sticky_wait, flight.sticky_waited_s)
             flight.decision = decision
             if decision.target_id is not None:
                 # Those already waiting go first: a newcomer joins the queue behind them even
                 # when a slot is free this instant (it was freed for the waiter being woken).
                 if woken or not state.has_waiters(pool, flight.kind):
+                    if decision.sticky_wait is not None and flight.sticky_wait is None:
+                        if woken:
+                            # The slot it was woken for goes to the next waiter that can use
+                            # it: a freed slot never waits for a request that declined it.
+                            state.pass_on(pool, flight.kind, pool.target(decision.target_id))
+                        woken = await self._wait_sticky(flight, decision.sticky_wait, now, woken)
+                        continue
                     target = pool.target(decision.target_id)
                     readmitted = decision.ranking[0].factors[-1] is explain.EJECTED
                     lease = await state.claim(pool, target, now, readmitted=readmitted)
@@ -296,6 +330,38 @@ class Router:
             woken = True
             # A sleeping service's replica is a target of a later snapshot than the request's.
             pool = flight.pool = self._current(pool)
+
+    async def _wait_sticky(self, flight: Flight, wait: StickyWait, now: float, woken: bool) -> bool:
+        """Wait up to the verdict's bound for a slot on the full sticky target; return whether
+        the request goes on as a woken waiter (takes a free slot, else waits first in line).
+
+        Handed a slot there, or the bound passed: yes. It waited in the queue from its
+        arrival, ahead of whoever queued meanwhile, so a wait in vain must not send it to the
+        back (measured: turns that waited in vain and queued again as newcomers made the closed
+        loop's longest TTFTs). Refused a place in the queue: as before (`woken`)."""
+        flight.sticky_wait = wait
+        queue_id = flight.token.id if flight.token is not None else ANONYMOUS_QUEUE_ID
+        try:
+            flight.woken_by = await self.state.wait(
+                flight.pool,
+                flight.kind,
+                queue_id,
+                wait.bound_s,
+                flight.facts,
+                again=False,
+                only=wait.target_id,
+            )
+        except QueueFull:
+            # No place in the queue: placed as usual from here.
+            return woken
+        except QueueTimeout:
+            # The bound passed: placed as usual from here, keeping its place in line.
+            return True
+        finally:
+            waited = time.monotonic() - now
+            flight.sticky_waited_s = waited
+            flight.queue_wait_s += waited
+        return True
 
     async def _wait(self, flight: Flight, now: float, again: bool) -> None:
         """Wait in the fair queue until a slot frees or the deadline passes.

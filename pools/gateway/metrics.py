@@ -65,7 +65,11 @@ QUEUED = Gauge(
     "nexus_queued", "Requests waiting in a pool's queue.", ["pool"], multiprocess_mode="livesum"
 )
 HISTORY_DROPPED = Counter(
-    "nexus_history_dropped_rows", "Routing records dropped: buffer full or database failing."
+    "nexus_history_dropped_rows",
+    "Routing records a gateway dropped, by cause: buffer_full (Redis away too long), shutdown "
+    "(neither Redis nor the database took them). The writers' own: "
+    "nexus_history_writer_dropped_rows.",
+    ["cause"],
 )
 
 # Every series used so far, with the pool and target it belongs to (the target is None for

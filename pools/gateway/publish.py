@@ -43,7 +43,7 @@ PUBLISH_INTERVAL_S = 1.0
 # A reading outlives a few missed publications (a busy loop, a slow Redis call), not more.
 READING_TTL_S = 5.0
 REDIS_TIMEOUT_S = 1.0
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # A reply list outlives the reader's wait a little; a question list outlives a dead process's
 # last reading, so that nothing stays behind in Redis.
 REPLY_TTL_S = 10
@@ -65,6 +65,9 @@ class TargetReading:
     engine_running: int | None = None  # the engine's own counts from /metrics, when fresh
     engine_waiting: int | None = None
     engine_read_at: float | None = None  # epoch seconds
+    # The in-flight count this process had on the target when the engine was read (the
+    # balancer's `engine_counted`): the engine's count beyond it is other clients' load.
+    engine_counted: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,7 @@ def encode(readings: GatewayReadings) -> bytes:
             target.engine_running,
             target.engine_waiting,
             _rounded(target.engine_read_at, 3),
+            target.engine_counted,
             None
             if circuit is None
             else [int(circuit.probe_failing), circuit.cause, _rounded(circuit.trial_in_s, 3)],
@@ -142,7 +146,8 @@ def decode(data: bytes | str) -> GatewayReadings:
             raise ValueError(f"unknown live-state format {document['v']!r}")
         targets = {}
         for target_id, fields in document["g"].items():
-            (in_flight, ttft, tpot, error_rate, served, running, waiting, read_at, circuit) = fields
+            (in_flight, ttft, tpot, error_rate, served, *engine, circuit) = fields
+            running, waiting, read_at, counted = engine
             targets[int(target_id)] = TargetReading(
                 in_flight=int(in_flight),
                 circuit=None
@@ -157,6 +162,7 @@ def decode(data: bytes | str) -> GatewayReadings:
                 engine_running=running,
                 engine_waiting=waiting,
                 engine_read_at=read_at,
+                engine_counted=counted,
             )
         return GatewayReadings(
             process=str(document["p"]),

@@ -75,6 +75,7 @@ class TargetEntry:
         tpot_s: float | None,
         error_rate: float,
         warm: bool,
+        service_s: float | None = None,
     ) -> TargetView:
         """Return the target as the balancer sees it, given its live readings."""
         return TargetView(
@@ -97,6 +98,7 @@ class TargetEntry:
             engine_counted=engine_counted,
             ttft_s=ttft_s,
             tpot_s=tpot_s,
+            service_s=service_s,
             error_rate=error_rate,
             warm=warm,
         )

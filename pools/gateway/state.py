@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -29,11 +30,12 @@ from pools.balancer.limits import TokenLimits
 from pools.balancer.queue import Affinity, PoolQueue
 from pools.balancer.retry import FailurePhase, RetryBudget, may_retry
 from pools.balancer.snapshot import Decision, DrainState, Health, RequestFacts, TargetView
+from pools.balancer.sticky import sticky_wait
 from pools.balancer.strategies import decide
 from pools.gateway import metrics
 from pools.gateway.counters import LiveCounters
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
-from pools.gateway.history import HistoryRecord, HistoryWriter
+from pools.gateway.history import HistoryRecord, HistoryShipper
 from pools.gateway.ledger import Admission, Lease, LedgerStatus, LoadLedger, build_ledger
 from pools.gateway.publish import GatewayReadings, Publisher, TargetReading
 from pools.gateway.registry import Registry
@@ -48,19 +50,28 @@ SESSION_ENTRIES, SESSION_TTL_S = 100_000, 1800.0
 PREFIX_ENTRIES, PREFIX_TTL_S = 50_000, 600.0
 
 
+def _max_tokens(payload: dict[str, object]) -> int | None:
+    """Return the answer's length bound the request sets (max_completion_tokens, max_tokens)."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 class GatewayState:
     """Everything a gateway process knows about its targets beyond their configuration."""
 
     def __init__(
         self,
         ledger: LoadLedger | None = None,
-        history: HistoryWriter | None = None,
+        history: HistoryShipper | None = None,
         *,
         budget: RetryBudget | None = None,
         publisher: Publisher | None = None,
     ):
         self._ledger = ledger or build_ledger(processes=self._live_processes)
-        self._history = history or HistoryWriter()
+        self._history = history or HistoryShipper()
         self._counters = LiveCounters()
         self._budget = budget or RetryBudget()
         self._publisher = publisher
@@ -97,7 +108,14 @@ class GatewayState:
         if session_key is None and prefix_key is None:
             return RequestFacts(kind=kind), None, None
         sticky, prefix = self.affinity(session_key, prefix_key, now)
-        facts = RequestFacts(kind=kind, sticky_target_id=sticky, prefix_target_id=prefix)
+        if sticky is None and prefix is None:
+            return RequestFacts(kind=kind), session_key, prefix_key
+        facts = RequestFacts(
+            kind=kind,
+            sticky_target_id=sticky,
+            prefix_target_id=prefix,
+            output_tokens=_max_tokens(payload),
+        )
         return facts, session_key, prefix_key
 
     def affinity(
@@ -143,19 +161,30 @@ class GatewayState:
     def decide(
         self, pool: PoolEntry, facts: RequestFacts, exclude: frozenset[int], now: float
     ) -> Decision:
-        """Return where the request goes now, explained; targets in `exclude` were tried."""
-        return decide(
-            self.views(pool, now),
-            pool.policy,
-            facts,
-            rng=self._rng,
-            turn=self._turns[pool.id],
-            exclude=exclude,
+        """Return where the request goes now, explained; targets in `exclude` were tried.
+
+        With `facts.may_wait_s`, a request whose sticky target is full may get the verdict to
+        wait for it (`decision.sticky_wait`, balancer.sticky) instead of moving.
+        """
+        views = self.views(pool, now)
+        decision = decide(
+            views, pool.policy, facts, rng=self._rng, turn=self._turns[pool.id], exclude=exclude
         )
+        if facts.may_wait_s > 0.0 and decision.target_id is not None:
+            home = facts.sticky_target_id or facts.prefix_target_id
+            queue = self._queues.get((pool.id, facts.kind))
+            # Every waiter whose conversation lives there goes first too (affinity wake-up).
+            ahead = queue.fair.bound_for(home) if queue is not None and home else 0
+            wait = sticky_wait(views, pool.policy, facts, decision, ahead=ahead)
+            if wait is not None:
+                decision = replace(decision, sticky_wait=wait)
+        return decision
 
     def has_waiters(self, pool: PoolEntry, kind: str) -> bool:
-        """Say whether requests of this kind wait in the pool's queue (newcomers go behind)."""
-        return bool(self._queue(pool, kind))
+        """Say whether requests of this kind wait in the pool's queue (newcomers go behind);
+        those waiting for one target only (sticky waits) do not count: a slot elsewhere is not
+        theirs."""
+        return self._queue(pool, kind).unpinned() > 0
 
     async def claim(
         self, pool: PoolEntry, target: TargetEntry, now: float, *, readmitted: bool = False
@@ -180,8 +209,10 @@ class GatewayState:
     ) -> None:
         """Give the slot back and hand it to a waiter that can use it, first one whose
         conversation or prompt prefix lives on this target (queue.FairQueue.pop_for)."""
-        # How long a slot stays taken: the queue's wait estimate (Retry-After) uses it.
+        # How long a slot stays taken: the queue's wait estimate (Retry-After) uses it, and the
+        # target's own average predicts when it frees a slot (balancer.sticky).
         self._queue(pool, kind).record_service_time(held_s)
+        self._latency[target.id].record(service_s=held_s)
         await self._ledger.release(lease)
         for served_kind in target.kinds:
             queue = self._queues.get((pool.id, served_kind))
@@ -197,17 +228,31 @@ class GatewayState:
         facts: RequestFacts,
         *,
         again: bool,
+        only: int | None = None,
     ) -> str:
         """Wait in the pool's fair queue for a slot; raise QueueFull or QueueTimeout; return
         the rule that woke the request (for its history).
 
         again: the request was woken before but lost the slot; it waits first in line.
+        only: wait for a slot on this target alone (a sticky wait), at most timeout_s.
         """
         capacity = sum(t.capacity for t in pool.targets if t.enabled and kind in t.kinds)
         affinity = Affinity(facts.sticky_target_id, facts.prefix_target_id)
         return await self._queue(pool, kind).wait(
-            queue_id, timeout_s, capacity=max(1, capacity), again=again, affinity=affinity
+            queue_id,
+            timeout_s,
+            capacity=max(1, capacity),
+            again=again,
+            affinity=affinity,
+            only=only,
         )
+
+    def pass_on(self, pool: PoolEntry, kind: str, target: TargetEntry) -> None:
+        """Hand a slot on this target, which a woken request declined to wait for its sticky
+        target instead, to the waiter that the affinity wake-up picks (if any)."""
+        queue = self._queues.get((pool.id, kind))
+        if queue:
+            queue.wake_for(target.id, target.name)
 
     def may_retry(
         self,
@@ -298,6 +343,7 @@ class GatewayState:
                     tpot_s=stats.tpot_s if stats else None,
                     error_rate=health.error_rate(target.id),
                     warm=served is not None and now - served < WARM_WINDOW_S,
+                    service_s=stats.service_s if stats else None,
                 )
             )
         return views
@@ -334,6 +380,7 @@ class GatewayState:
                     engine_running=load.running if load else None,
                     engine_waiting=load.waiting if load else None,
                     engine_read_at=wall - (now - load.read_at) if load else None,
+                    engine_counted=load.counted if load else None,
                 )
         queued: defaultdict[int, int] = defaultdict(int)
         for (pool_id, _), queue in self._queues.items():

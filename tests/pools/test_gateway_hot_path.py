@@ -15,7 +15,7 @@ from nexus import upstream
 from nexus.models import ApiToken
 from nexus.scopes import TokenKind
 from pools.gateway.app import Gateway
-from pools.gateway.history import HistoryWriter
+from pools.gateway.history import HistoryShipper
 from pools.gateway.registry import TOKEN_LOOKUPS_PER_S, Registry
 from pools.gateway.state import GatewayState
 from pools.models import Pool, Target
@@ -62,11 +62,11 @@ def hot_pool(engine: Simulator) -> str:
 
 
 def counted_gateway(registry: Registry) -> Gateway:
-    """Return a gateway whose cursors a test counts. History is written in batches in the
+    """Return a gateway whose cursors a test counts. History is shipped in batches in the
     background, off the request path: its timed flush is put off, since on a loaded machine it
     lands among the counted requests."""
     return Gateway(
-        registry, GatewayState(history=HistoryWriter(flush_interval_s=3600, batch_size=1000))
+        registry, GatewayState(history=HistoryShipper(ship_interval_s=3600, batch_size=1000))
     )
 
 

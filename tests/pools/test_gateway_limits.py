@@ -21,8 +21,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from nexus import upstream
 from nexus.models import ApiToken
+from pools import history_writer
 from pools.gateway.app import Gateway
-from pools.gateway.history import HistoryWriter
+from pools.gateway.history import HistoryShipper
 from pools.gateway.ledger import LoadLedger, MemoryLedger, RedisLedger
 from pools.gateway.registry import Registry
 from pools.gateway.state import GatewayState
@@ -107,6 +108,7 @@ async def test_the_61st_request_in_a_minute_is_refused_naming_the_limit(
     assert error["code"] == "rate_limit_exceeded"
     assert error["type"] == "rate_limit_error"
     assert "60 requests per minute" in error["message"]
+    await sync_to_async(history_writer.drain)()  # as the writer process would
     outcomes = await sync_to_async(list)(RoutingRecord.objects.values_list("outcome", flat=True))
     assert sorted(set(outcomes)) == ["ok", "rate_limited"]
 
@@ -142,8 +144,8 @@ async def test_usage_rows_match_the_answers_and_the_hot_path_queries_nothing(
     token, secret = await sync_to_async(configure)(
         engine, requests_per_minute=1000, tokens_per_minute=100_000, max_concurrent=4
     )
-    # The history (and usage) is written when the gateway closes, not while queries are counted.
-    history = HistoryWriter(flush_interval_s=3600, batch_size=1000)
+    # The history (and usage) is shipped when the gateway closes, not while queries are counted.
+    history = HistoryShipper(ship_interval_s=3600, batch_size=1000)
     app = Gateway(Registry(refresh_interval_s=3600), GatewayState(ledger=ledger, history=history))
     prompt_sum = completion_sum = 0
     await call(app, CHAT, body(), secret)  # loads the snapshot
@@ -167,8 +169,10 @@ async def test_usage_rows_match_the_answers_and_the_hot_path_queries_nothing(
         await call(app, CHAT, {"model": "@pool/limited", "messages": "not a list"}, secret)
     finally:
         monkeypatch.undo()
-        await app.aclose()  # writes the buffered history, and the usage with it
+        await app.aclose()  # ships the buffered history to the stream
         await upstream.close()
+    # The history writer (here, in this process) writes it, and the usage with it.
+    await sync_to_async(history_writer.drain)()
 
     assert cursors == []
     rows = await sync_to_async(list)(TokenUsage.objects.values())

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,11 @@ from django.conf import settings
 from nexus.models import ApiToken
 from pools import live, services
 from pools.balancer.health import CircuitReport
+from pools.balancer.snapshot import DrainState
+from pools.balancer.strategies import load_of
 from pools.gateway import publish
 from pools.gateway.publish import GatewayReadings, TargetReading, decode, encode
+from pools.gateway.snapshot import TargetEntry
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
 from tests.support.live import running_nexus
@@ -164,12 +168,13 @@ def test_a_reading_survives_its_encoding() -> None:
             engine_running=3,
             engine_waiting=1,
             engine_read_at=99.5,
+            engine_counted=2,
         ),
         t2=TargetReading(in_flight=0, circuit=CircuitReport(probe_failing=True)),
     )
 
     assert decode(encode(published)) == published
-    assert len(encode(published)) < 200
+    assert len(encode(published)) < 210  # two targets, every field set on one
 
 
 def test_readings_of_several_processes_merge_into_one_view() -> None:
@@ -201,6 +206,7 @@ def test_readings_of_several_processes_merge_into_one_view() -> None:
             engine_running=6,
             engine_waiting=2,
             engine_read_at=now - 1.2,
+            engine_counted=4,
         ),
     )
 
@@ -222,7 +228,53 @@ def test_readings_of_several_processes_merge_into_one_view() -> None:
     )
     assert merged.targets[2] == TargetReading(in_flight=0)
     assert shared.targets[1].in_flight == 7
+    # What a process counted at its engine reading compares with the shared ledger's count, or
+    # with its own when it alone published the target; beside other processes' own counts it
+    # would count their requests twice.
+    assert shared.targets[1].engine_counted == 4
+    assert live.merge([newer], now, [1]).targets[1].engine_counted == 4
+    assert merged.targets[1].engine_counted is None
     assert (merged.gateways, merged.queued, merged.turns) == (2, {7: 2}, {7: int(now - 1)})
+
+
+def test_a_dry_run_counts_a_reading_as_the_gateway_does_so_an_idle_target_looks_idle() -> None:
+    # Given a gateway that read its engine (4 running) while it had those 4 requests in flight,
+    # and has none left now (the reading is fresh: 1 s old),
+    now = 1000.0
+    published = reading(
+        "a",
+        now - 0.5,
+        t1=TargetReading(
+            in_flight=0,
+            engine_running=4,
+            engine_waiting=0,
+            engine_read_at=now - 1,
+            engine_counted=4,
+        ),
+    )
+    state = live.merge([published], now, [1])
+    target = TargetEntry(
+        id=1,
+        name="t1",
+        base_url="http://127.0.0.1:9/v1",
+        model_id="m",
+        kinds=frozenset({"chat"}),
+        authorization=None,
+        urls={},
+        priority=1,
+        capacity=4,
+        position=0,
+        enabled=True,
+        drain=DrainState.ACTIVE,
+    )
+
+    # when the dry run builds the target's view and the balancer weighs it,
+    view = state.view(target)
+
+    # then, as in the gateway, the engine's four were Nexus's own: nothing is left of them.
+    assert (view.engine_counted, load_of(view)) == (4, 0)
+    # Unknown (an older gateway's reading), the engine's count would stand: max(0, 4).
+    assert load_of(replace(view, engine_counted=None)) == 4
 
 
 def test_a_cooldown_that_ended_since_its_reading_lets_requests_through() -> None:

@@ -30,7 +30,7 @@ from nexus import upstream
 from nexus.models import ApiToken
 from pools.gateway import revocations
 from pools.gateway.app import Gateway
-from pools.gateway.history import HistoryWriter
+from pools.gateway.history import HistoryShipper
 from pools.gateway.ledger import MemoryLedger
 from pools.gateway.registry import Registry
 from pools.gateway.state import GatewayState
@@ -641,8 +641,8 @@ async def test_a_warm_serve_request_makes_no_database_query(
 
         token = await sync_to_async(configure)()
         registry = Registry(refresh_interval_s=3600)
-        # History is written in batches in the background, off the request path: not counted.
-        history = HistoryWriter(flush_interval_s=3600, batch_size=1000)
+        # History is shipped in batches in the background, off the request path: not counted.
+        history = HistoryShipper(ship_interval_s=3600, batch_size=1000)
         app = Gateway(registry, GatewayState(ledger=MemoryLedger(), history=history))
         await _call(app, "/serve/hot/x", token)  # loads the snapshot
 
