@@ -19,6 +19,11 @@ def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
+def redis_text(value: object) -> str:
+    """Return a Redis reply (bytes from `redis_client`, which does not decode) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def heartbeat_key() -> str:
     return f"{settings.NEXUS_REDIS_PREFIX}:worker:heartbeat"
 

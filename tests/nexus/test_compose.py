@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NEXUS_SERVICES = ["migrate", "web", "worker", "beat"]
+NEXUS_SERVICES = ["migrate", "web", "history-writer", "worker", "beat"]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,7 @@ def test_each_nexus_process_runs_its_own_command(services: dict[str, Any]) -> No
     assert services["migrate"]["command"] == ["python", "manage.py", "migrate", "--noinput"]
     assert services["web"]["command"][0] == "daphne"
     assert services["web"]["command"][-1] == "nexus.asgi:application"
+    assert services["history-writer"]["command"] == ["python", "manage.py", "runhistorywriter"]
     assert services["worker"]["command"][:4] == ["celery", "-A", "nexus", "worker"]
     assert services["beat"]["command"][:4] == ["celery", "-A", "nexus", "beat"]
     # Beat runs as its own service, never embedded in a worker that may be scaled out.
@@ -56,7 +57,7 @@ def test_the_web_health_check_calls_healthz(services: dict[str, Any]) -> None:
     assert "http://127.0.0.1:8000/healthz" in " ".join(services["web"]["healthcheck"]["test"])
 
 
-@pytest.mark.parametrize("name", ["web", "worker", "beat"])
+@pytest.mark.parametrize("name", ["web", "history-writer", "worker", "beat"])
 def test_nexus_processes_wait_for_healthy_databases_and_a_migrated_schema(
     services: dict[str, Any], name: str
 ) -> None:

@@ -143,13 +143,19 @@ def test_it_runs_the_demo_stops_everything_and_reuses_its_data_on_the_next_run(
         inventory = "SELECT model_id, process_id FROM nodes_nodemodel"
         wait_for_rows(database, inventory, [("local-1b", runtime["id"])])
 
-        # and started Redis, three engines, the agent, daphne and the Celery worker
+        # and started Redis, three engines, the agent, daphne, the history writer and the Celery
+        # worker
         tree = process_tree(first.process.pid)
         children = [pid for pid, parent in tree.items() if parent == first.process.pid]
-        expected = {"serving.runtimes.simulator": 3, "daphne": 1, "celery": 1, "nodes.agent": 1}
+        expected = {
+            "serving.runtimes.simulator": 3, "daphne": 1, "runhistorywriter": 1, "celery": 1,
+            "nodes.agent": 1,
+        }  # fmt: skip
         if "REDIS_URL" not in env:
             expected["redis"] = 1
         assert Counter(kind_of(pid) for pid in children) == expected
+        # (whose work shows: the demo requests' history, shipped by daphne, is in the database)
+        wait_for_rows(database, "SELECT 1 FROM pools_routingrecord LIMIT 1", [(1,)])
         assert is_running(runtime["pid"]) and runtime["pid"] in tree
 
         # When it receives SIGTERM

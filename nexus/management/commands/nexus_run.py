@@ -54,6 +54,8 @@ LOCAL_NODE = "local"
 RUNTIME_STOP_GRACE_S = 5
 # Beyond its shutdown grace, how long the web server gets to write its buffers and exit.
 WEB_FLUSH_S = 10
+# The history writer's stop: it writes what is on the stream first (pools.history_writer).
+HISTORY_WRITER_STOP_S = 15
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ class LocalAgent:
 
 class Command(BaseCommand):
     help = (
-        "Run Nexus here: bundled Redis, web server, Celery worker with beat, the demo engines "
+        "Run Nexus here: bundled Redis, web server, history writer, Celery worker with beat, the "
+        "demo engines "
         "and a local agent (node 'local'). Creates the admin user and the demo pool on the "
         "first run. Ctrl-C stops all."
     )
@@ -319,9 +322,22 @@ def start_processes(
     )
     # /healthz answers 503 while the worker's first heartbeat is due: the server is up anyway.
     probes.append((web, f"{local_url()}/healthz", (200, 503)))
+    start_history_writer(supervisor)
     for child, url, statuses in probes:
         supervisor.wait_ready(child, partial(http_answers, url, statuses))
     supervisor.wait_ready(local_agent, agent.answers)
+
+
+def start_history_writer(supervisor: Supervisor) -> Child:
+    """Start the writer of the gateway's routing history (pools.history_writer). It stops after
+    the web server, which ships its last records on the way out, and writes them before Redis
+    stops."""
+    return supervisor.start(
+        "history-writer",
+        [sys.executable, str(settings.BASE_DIR / "manage.py"), "runhistorywriter"],
+        stop_wave=FIRST_WAVE + 1,
+        stop_grace_s=HISTORY_WRITER_STOP_S,
+    )
 
 
 def start_worker(supervisor: Supervisor) -> None:
