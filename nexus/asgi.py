@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +35,8 @@ def silence_daphne_access_log() -> None:
     Server.log_action = lambda self, protocol, action, details: None
 
 
+# `kill -USR1 <pid>` writes every thread's stack to stderr: what a stuck process is doing.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 gateway = Gateway()
 silence_daphne_access_log()
 # A body larger than any upload is refused before it is read: Django would read it all first.

@@ -30,9 +30,15 @@ log = logging.getLogger(__name__)
 # rest, flush buffers.
 Shutdown = Callable[[float], Awaitable[None]]
 
+# How long past the grace a shutdown may take to end requests and write its buffers (each step
+# has its own shorter bound) before the process stops anyway: a dependency that hangs must not
+# keep it up until the supervisor kills it without a word.
+OVERRUN_S = 20.0
 
-def install_in_daphne(shutdown: Shutdown) -> None:
-    """Under daphne, make SIGTERM and SIGINT stop accepting and run `shutdown` before exiting."""
+
+def install_in_daphne(shutdown: Shutdown, overrun_s: float = OVERRUN_S) -> None:
+    """Under daphne, make SIGTERM and SIGINT stop accepting and run `shutdown` before exiting;
+    stop anyway once it has run `overrun_s` past the grace."""
     server_module = sys.modules.get("daphne.server")
     if server_module is None:
         return  # not under daphne
@@ -58,9 +64,13 @@ def install_in_daphne(shutdown: Shutdown) -> None:
         for port in listening:
             port.stopListening()
         try:
-            await shutdown(grace_s)
+            await asyncio.wait_for(shutdown(grace_s), grace_s + overrun_s)
+        except TimeoutError:
+            log.error("graceful shutdown still running %g s past the grace; stopping now",
+                      overrun_s)  # fmt: skip
         except Exception:
             log.exception("graceful shutdown failed; stopping now")
+        log.info("%s: shutdown done; stopping", signal_name)
         reactor.stop()
 
     def on_signal(signum: int) -> None:

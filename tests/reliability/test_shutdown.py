@@ -1,6 +1,7 @@
 """SIGTERM on a web process with streams in flight: it stops accepting, lets them finish within
-NEXUS_SHUTDOWN_GRACE_S, ends those that outlast it with an error event, and writes every history
-row before it exits. Under daphne, the default server, and uvicorn, the documented fast one."""
+NEXUS_SHUTDOWN_GRACE_S, ends those that outlast it with an error event, and ships every history
+record before it exits (the history writer beside it writes them). Under daphne, the default
+server, and uvicorn, the documented fast one."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ from nexus.models import ApiToken
 from pools.models import Pool, RoutingOutcome, RoutingRecord
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
-from tests.support.live import REPO_ROOT, LiveServer, server_environment
+from tests.support.live import (
+    REPO_ROOT,
+    LiveServer,
+    running_history_writer,
+    server_environment,
+)
 from tests.support.ports import free_port
 from tests.support.simulator import running_simulator
 from tests.support.traffic import Answer, chat_body, send
@@ -30,20 +36,22 @@ from tests.support.waiting import wait_until
 STREAMS = 8
 EXIT_TIMEOUT_S = 30.0
 SERVERS = {
-    "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "nexus.asgi:application"],
+    "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "{app}"],
     "uvicorn": [
         "-m", "uvicorn", "--host", "127.0.0.1", "--port", "{port}", "--no-access-log",
-        "--timeout-graceful-shutdown", "{grace}", "nexus.asgi:application",
+        "--timeout-graceful-shutdown", "{grace}", "{app}",
     ],
 }  # fmt: skip
 
 
 @contextmanager
-def running_server(server: str, tmp_path: Path, grace_s: float) -> Iterator[LiveServer]:
+def running_server(
+    server: str, tmp_path: Path, grace_s: float, app: str = "nexus.asgi:application"
+) -> Iterator[LiveServer]:
     """Run the web process under `server` with this shutdown grace; kill it if still running."""
     port = free_port()
     log_path = tmp_path / f"{server}-{port}.log"
-    argv = [arg.format(port=port, grace=int(grace_s)) for arg in SERVERS[server]]
+    argv = [arg.format(port=port, grace=int(grace_s), app=app) for arg in SERVERS[server]]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, *argv],
@@ -81,6 +89,17 @@ def refuses_connections(live: LiveServer) -> bool:
     return False
 
 
+def exit_status(live: LiveServer) -> int:
+    """Return the process's exit status; past EXIT_TIMEOUT_S, fail with its threads' stacks and
+    its log, which say which step of the shutdown it is stuck in."""
+    try:
+        return live.process.wait(timeout=EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        live.process.send_signal(signal.SIGUSR1)  # nexus.asgi: faulthandler dumps the stacks
+        time.sleep(1)
+        pytest.fail(f"still running {EXIT_TIMEOUT_S:g} s after SIGTERM:\n{live.log()[-6000:]}")
+
+
 @pytest.mark.parametrize("server", ["daphne", "uvicorn"])
 @pytest.mark.parametrize(
     ("grace_s", "tokens", "finish"),
@@ -99,7 +118,11 @@ def test_sigterm_lets_streams_finish_or_ends_them_with_an_error_and_keeps_every_
                         capacity_weight=16)  # fmt: skip
             token_row, token = ApiToken.issue("shutdown")
         try:
-            with running_server(server, tmp_path, grace_s) as live:
+            # The history writer beside it writes what the server shipped before it exited.
+            with (
+                running_history_writer(tmp_path, f"writer-{server}"),
+                running_server(server, tmp_path, grace_s) as live,
+            ):
                 url = f"{live.url}/v1/chat/completions"
                 body = chat_body(pool.slug, max_tokens=tokens, stream=True)
                 started = [threading.Event() for _ in range(STREAMS)]
@@ -120,7 +143,7 @@ def test_sigterm_lets_streams_finish_or_ends_them_with_an_error_and_keeps_every_
                         what="it still accepted connections",
                     )
                     answers: list[Answer] = [future.result() for future in futures]
-                status = live.process.wait(timeout=EXIT_TIMEOUT_S)
+                status = exit_status(live)
                 exited_s = time.monotonic() - signalled
                 log = live.log()
             with django_db_blocker.unblock():
@@ -162,3 +185,21 @@ def test_sigterm_lets_streams_finish_or_ends_them_with_an_error_and_keeps_every_
     assert sorted(rows) == sorted(a.request_id for a in answers)
     if expected is not None:
         assert set(rows.values()) == expected
+
+
+def test_a_shutdown_that_never_ends_stops_the_process_past_the_grace(tmp_path: Path) -> None:
+    # Given daphne running an application whose shutdown waits forever (a dependency that hangs)
+    grace_s = 1.0
+    with running_server(
+        "daphne", tmp_path, grace_s, app="tests.reliability.stuck_shutdown_asgi:application"
+    ) as live:
+        # When it gets SIGTERM
+        live.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        status = exit_status(live)
+        exited_s = time.monotonic() - signalled
+        log = live.log()
+    # Then it stops by itself once the shutdown ran the overrun past the grace, and says why.
+    assert status == 0, log[-3000:]
+    assert grace_s + 1.0 <= exited_s < EXIT_TIMEOUT_S  # the application's overrun_s: 1 s
+    assert "graceful shutdown still running 1 s past the grace; stopping now" in log
