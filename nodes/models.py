@@ -6,6 +6,11 @@ from typing import TYPE_CHECKING
 
 from django.db import models
 
+# Node's reverse relation is called `models` (NodeModel's related_name): inside Node's body mypy's
+# Django plugin may resolve `models.JSONField` to that relation (it did after a mypy run over tests/
+# had left its cache).
+from django.db.models import JSONField
+
 from nexus import crypto
 from nexus.models import ConfigInput, ConfigInputQuerySet
 
@@ -70,13 +75,13 @@ class Node(ConfigInput):
     last_error = models.TextField(blank=True)
     hostname = models.CharField(max_length=255, blank=True)
     agent_version = models.CharField(max_length=50, blank=True)
-    resources = models.JSONField(
+    resources = JSONField(
         default=dict, blank=True, help_text="cpu_count, memory_bytes, gpus (as the agent reports)."
     )
-    free = models.JSONField(
+    free = JSONField(
         default=dict, blank=True, help_text="Resources not reserved by the agent's processes."
     )
-    metrics = models.JSONField(default=dict, blank=True, help_text="The latest /agent/v1/metrics.")
+    metrics = JSONField(default=dict, blank=True, help_text="The latest /agent/v1/metrics.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     trusted_at = models.DateTimeField(null=True, blank=True)

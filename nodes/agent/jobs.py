@@ -497,7 +497,7 @@ class JobRunner:
         if reason is not None:
             raise InstallError(reason)
         async with self._locks[venv]:
-            await runtimes.install(venv, requirements, job.log)
+            await runtimes.install(venv, requirements, job.log, runtime.build_env())
         return venv
 
     async def _start(

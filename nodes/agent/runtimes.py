@@ -51,6 +51,11 @@ class RuntimeSpec:
             return (self.requirement,)
         return ()
 
+    def build_env(self) -> dict[str, str]:
+        """Return the environment pip builds this runtime's requirements in, beyond the node's."""
+        install = catalogue.runtime(self.name).install
+        return dict(install.build_env) if install is not None else {}
+
     def venv(self, data_dir: Path) -> Path | None:
         """Return the virtual environment this runtime lives in, or None when it needs none."""
         install = catalogue.runtime(self.name).install
@@ -120,22 +125,52 @@ async def gpu_missing(runtime: RuntimeSpec) -> str | None:
     return f"{label} needs an NVIDIA GPU; this node has none (nvidia-smi found no GPU)"
 
 
-def installed(venv: Path, requirements: Sequence[str]) -> bool:
-    """Return whether the environment's stamp says these requirements were installed."""
+def installed(
+    venv: Path, requirements: Sequence[str], build_env: dict[str, str] | None = None
+) -> bool:
+    """Return whether the environment's stamp says these requirements were installed, built
+    with this environment."""
     try:
         stamp = json.loads((venv / STAMP_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(stamp, dict) and stamp.get("requirements") == list(requirements)
+    return isinstance(stamp, dict) and stamp == _stamp(requirements, build_env or {})
 
 
-async def install(venv: Path, requirements: Sequence[str], log: Callable[[str], None]) -> None:
+def _stamp(requirements: Sequence[str], build_env: dict[str, str]) -> dict[str, object]:
+    stamp: dict[str, object] = {"requirements": list(requirements)}
+    if build_env:
+        stamp["build_env"] = build_env
+    return stamp
+
+
+def pip_build(build_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Return pip's extra options and environment for building with `build_env`.
+
+    The node's own value of a name wins. pip's wheel cache does not key on the environment, so
+    a wheel it built before with other flags would come back: with a build environment, pip
+    builds afresh (once per environment: the stamp then says it is installed).
+    """
+    if not build_env:
+        return [], {}
+    return ["--no-cache-dir"], {
+        name: os.environ.get(name, value) for name, value in build_env.items()
+    }
+
+
+async def install(
+    venv: Path,
+    requirements: Sequence[str],
+    log: Callable[[str], None],
+    build_env: dict[str, str] | None = None,
+) -> None:
     """Create the environment and pip install the requirements, unless its stamp says done.
 
     An environment without a matching stamp is a half-finished or different install, so it is
     removed and made again; the stamp is written last, only when pip succeeded.
     """
-    if installed(venv, requirements):
+    build_options, env = pip_build(build_env or {})
+    if installed(venv, requirements, env):
         log(f"{' '.join(requirements)} is already installed in {venv}")
         return
     if venv.exists():
@@ -144,17 +179,26 @@ async def install(venv: Path, requirements: Sequence[str], log: Callable[[str], 
     await _run([sys.executable, "-m", "venv", str(venv)], log, f"python -m venv {venv}")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
     options = ["--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
-    await _run([*pip, *options, *requirements], log, f"pip install {' '.join(requirements)}")
+    for name, value in env.items():
+        log(f"{name}={value}")
+    await _run(
+        [*pip, *options, *build_options, *requirements],
+        log,
+        f"pip install {' '.join(requirements)}",
+        env,
+    )
     stamp = venv / STAMP_FILE
     partial = stamp.with_suffix(".tmp")
-    partial.write_text(json.dumps({"requirements": list(requirements)}))
+    partial.write_text(json.dumps(_stamp(requirements, env)))
     partial.replace(stamp)
 
 
-async def _run(argv: list[str], log: Callable[[str], None], what: str) -> None:
+async def _run(
+    argv: list[str], log: Callable[[str], None], what: str, extra_env: dict[str, str] | None = None
+) -> None:
     """Run a command, each output line into the log; raise InstallError with its last lines."""
     log(f"$ {' '.join(argv)}")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PIP_NO_INPUT": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PIP_NO_INPUT": "1", **(extra_env or {})}
     # Its own session, so a cancelled install kills pip's compiler children too.
     process = await asyncio.create_subprocess_exec(
         *argv,

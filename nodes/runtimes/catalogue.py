@@ -102,6 +102,8 @@ class Install:
     venv: str
     # The server needs an NVIDIA GPU; a node without one fails the job at once, saying so.
     needs_gpu: bool = False
+    # Environment for pip while it builds the requirement (a node's own value of a name wins).
+    build_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -361,7 +363,14 @@ _RUNTIMES = (
         metrics=Metrics("llamacpp:requests_processing", "llamacpp:requests_deferred"),
         # llama-cpp-python's server runs one request at a time (a lock around the model).
         concurrency=Concurrency(None, 1, "llama-cpp-python's server serves one request at once"),
-        install=Install("llama-cpp-python[server]", "llama-cpp"),
+        # Compiled for any x86-64 with AVX2, not -march=native: a machine may report AMX that its
+        # kernel does not let a process use, and a native build dies with SIGILL on its first
+        # real prompt (docs/running.md). A node that wants its own flags sets CMAKE_ARGS.
+        install=Install(
+            "llama-cpp-python[server]",
+            "llama-cpp",
+            build_env=(("CMAKE_ARGS", "-DGGML_NATIVE=OFF"),),
+        ),
         deployable=True,
         # The file is memory-mapped: a small model answers within seconds.
         ready_timeout_s=600.0,

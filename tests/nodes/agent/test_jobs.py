@@ -560,6 +560,27 @@ async def test_a_custom_requirement_is_installed_once_into_its_own_environment(
     assert process["argv"][0] == str(venv / "bin" / "python")
 
 
+async def test_a_build_environment_reaches_pip_which_builds_afresh_and_is_stamped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NEXUS_PROBE_BUILD", raising=False)
+    wheel = make_wheel(tmp_path, "nexus_probe", PROBE)
+    venv = tmp_path / "runtimes" / "probe"
+    build_env = {"NEXUS_PROBE_BUILD": "portable"}
+    log: list[str] = []
+
+    await runtimes.install(venv, [str(wheel)], log.append, build_env)
+
+    pip_line = next(line for line in log if line.startswith("$ ") and " -m pip install " in line)
+    assert "--no-cache-dir" in pip_line.split()
+    assert "NEXUS_PROBE_BUILD=portable" in log
+    assert runtimes.installed(venv, [str(wheel)], build_env)
+    assert not runtimes.installed(venv, [str(wheel)])
+    again: list[str] = []
+    await runtimes.install(venv, [str(wheel)], again.append, build_env)
+    assert again == [f"{wheel} is already installed in {venv}"]
+
+
 async def test_a_failing_pip_install_fails_the_job_with_pips_last_lines(
     runner: JobRunner, data_dir: Path, tmp_path: Path
 ) -> None:

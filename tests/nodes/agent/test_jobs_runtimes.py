@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
 from nodes.agent.download import amount
-from nodes.agent.runtimes import RuntimeSpec, serve_argv, serve_env
+from nodes.agent.runtimes import (
+    STAMP_FILE,
+    RuntimeSpec,
+    installed,
+    pip_build,
+    serve_argv,
+    serve_env,
+)
 
 DATA = Path("/data")
 MODEL = Path("/data/models/model.gguf")
@@ -37,6 +45,29 @@ def test_llama_cpp_runs_its_server_module_from_its_environment() -> None:
         str(venv / "bin" / "python"),
         *("-m", "llama_cpp.server", "--model", str(MODEL), "--model_alias", "demo", *LISTEN),
     ]
+
+
+def test_llama_cpp_is_built_for_any_x86_64_unless_the_node_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    portable = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF"}
+    assert RuntimeSpec("llama-cpp").build_env() == portable
+    assert RuntimeSpec("simulator").build_env() == {}
+
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    # Built afresh: pip's wheel cache would hand back a native wheel built before.
+    assert pip_build(portable) == (["--no-cache-dir"], portable)
+    assert pip_build({}) == ([], {})
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on")
+    assert pip_build(portable) == (["--no-cache-dir"], {"CMAKE_ARGS": "-DGGML_CUDA=on"})
+
+
+def test_an_environment_built_with_other_flags_is_not_taken_as_installed(tmp_path: Path) -> None:
+    requirements = ["llama-cpp-python[server]"]
+    # What an agent before the portable build wrote: its native build is built again.
+    (tmp_path / STAMP_FILE).write_text(json.dumps({"requirements": requirements}))
+    assert installed(tmp_path, requirements)
+    assert not installed(tmp_path, requirements, {"CMAKE_ARGS": "-DGGML_NATIVE=OFF"})
 
 
 def test_vllm_serves_the_model_under_its_name() -> None:
