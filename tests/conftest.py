@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.conf import settings
 from django.db import connection
+from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
 
 from nexus import embedded_redis
@@ -132,6 +133,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker) -> Iterator[None]:
+    """pytest-django's test database, whose other sessions are ended before it is dropped.
+
+    Consumers run their queries in asgiref's threads, whose connections outlive the tests; on
+    PostgreSQL, DROP DATABASE waits five seconds for them and then fails ("being accessed by
+    other users"), at the end of every worker.
+    """
+    yield
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+
+
+@pytest.fixture(scope="session")
 def committed_db(django_db_setup: None, django_db_blocker) -> Iterator[None]:
     """The test database for data that real server processes must see, so it is committed.
 
@@ -167,3 +185,12 @@ def teammate(db: None) -> APIClient:
 @pytest.fixture
 def outsider() -> APIClient:
     return APIClient()
+
+
+@pytest.fixture
+def data_dir(settings: Settings, tmp_path: Path) -> Path:
+    """The test's own data dir (tmp_path/data), which the processes it starts share: model
+    folders land in data/models."""
+    settings.DATA_DIR = tmp_path / "data"
+    settings.DATA_DIR.mkdir()
+    return settings.DATA_DIR

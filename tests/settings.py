@@ -16,3 +16,7 @@ NEXUS_MODEL_STORE_SEED = False
 # The processes tests start (daphne, Celery, the agent) read Nexus's settings themselves, with
 # this worker's environment.
 os.environ["DJANGO_SETTINGS_MODULE"] = "nexus.settings"
+
+# `flush` that truncates only the tables holding rows, for the tests that commit
+# (tests/support/flushing): first, so that its command is the one found.
+INSTALLED_APPS = ["tests.support.flushing", *INSTALLED_APPS]  # noqa: F405

@@ -8,17 +8,17 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, serializers, viewsets
+from rest_framework import mixins, serializers
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nexus import access
 from serving import autoscaling, scaling
-from serving.api.views import visible_services
-from serving.models import AutoScalingRule, ScaleEvent, Service, ServiceLifecycle
+from serving.api.views import ServiceChildViewSet
+from serving.models import AutoScalingRule, ScaleEvent
 
 RULE_FIELDS = [
     "id",
@@ -116,25 +116,6 @@ class PreviewResultSerializer(serializers.Serializer):
     value = serializers.FloatField(allow_null=True, help_text="The most recent series' value.")
     at = serializers.FloatField(allow_null=True, help_text="Its time, epoch seconds.")
     text = serializers.CharField(help_text='What the preview shows: "No data available" or so.')
-
-
-class ServiceChildViewSet(viewsets.GenericViewSet):
-    """Find the live service named in the URL among the caller's (404 otherwise)."""
-
-    def get_service(self) -> Service:
-        name = self.kwargs["service_name"]
-        service = (
-            visible_services(self.request)
-            .filter(name=name)
-            .exclude(lifecycle=ServiceLifecycle.DESTROYED)
-            .first()
-        )
-        if service is None:
-            raise NotFound(f"No service named {name!r}.")
-        return service
-
-    def project_of(self, obj: Any) -> str:
-        return self.get_service().project
 
 
 SERVICE_NAME = OpenApiParameter(

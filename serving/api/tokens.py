@@ -7,15 +7,14 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, serializers, viewsets
+from rest_framework import mixins, serializers
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.serializers import BaseSerializer
 
 from nexus import access
 from nexus.models import ApiToken
 from serving import tokens
-from serving.api.views import visible_services
-from serving.models import Service, ServiceLifecycle
+from serving.api.views import ServiceChildViewSet
 
 
 class ServiceTokenSerializer(serializers.ModelSerializer):
@@ -94,29 +93,13 @@ class ServiceTokenViewSet(
     mixins.ListModelMixin,
     mixins.CreateModelMixin,
     mixins.DestroyModelMixin,
-    viewsets.GenericViewSet,
+    ServiceChildViewSet,
 ):
     """A service's tokens: the secret is returned once, on issue; listed as valid, expired or
     revoked; DELETE revokes (the row stays, listed as revoked)."""
 
     permission_classes = [access.ProjectRoles]
     lookup_value_regex = r"\d+"
-
-    def get_service(self) -> Service:
-        """Return the live service named in the URL among the caller's, or answer 404."""
-        name = self.kwargs["service_name"]
-        service = (
-            visible_services(self.request)
-            .filter(name=name)
-            .exclude(lifecycle=ServiceLifecycle.DESTROYED)
-            .first()
-        )
-        if service is None:
-            raise NotFound(f"No service named {name!r}.")
-        return service
-
-    def project_of(self, token: ApiToken) -> str:
-        return self.get_service().project
 
     def perform_create(self, serializer: BaseSerializer[ApiToken]) -> None:
         access.require_change(self.request.user, serializer.context["service"].project)

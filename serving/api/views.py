@@ -296,6 +296,26 @@ def visible_services(request: Request) -> QuerySet[Service]:
     return in_visible_projects(request, Service.objects.all())
 
 
+class ServiceChildViewSet(viewsets.GenericViewSet):
+    """The routes under a service (its tokens, rules, scale events): the live service named in
+    the URL among the caller's, 404 otherwise; its project decides who may change them."""
+
+    def get_service(self) -> Service:
+        name = self.kwargs["service_name"]
+        service = (
+            visible_services(self.request)
+            .filter(name=name)
+            .exclude(lifecycle=ServiceLifecycle.DESTROYED)
+            .first()
+        )
+        if service is None:
+            raise NotFound(f"No service named {name!r}.")
+        return service
+
+    def project_of(self, obj: Any) -> str:
+        return self.get_service().project
+
+
 def require_project_change(request: Request, project: str) -> None:
     """Refuse a change in a project the caller may not change: 400 when they do not see it."""
     if not sees_project(request, project):

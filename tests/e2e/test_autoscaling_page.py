@@ -23,7 +23,7 @@ from serving import tasks
 from serving.models import Service
 from tests.nexus.factories import make_user
 from tests.serving.fleet import make_service, model_folder
-from tests.support.browser import PASSWORD, sign_in
+from tests.support.browser import PASSWORD, arrive, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.prometheus import PROMETHEUS, SKIP_REASON, Prometheus, running_prometheus
 from tests.support.screenshots import screenshot
@@ -113,7 +113,7 @@ def test_add_a_prometheus_rule_from_a_preset_see_its_value_and_a_scale_event(
     screenshot(page, "autoscaling-rule-editor-prometheus")
     page.get_by_role("button", name="Add rule").click()
 
-    expect(page).to_have_url(re.compile(r"/serving/services/chat/#autoscaling-rules$"))
+    arrive(page, re.compile(r"/serving/services/chat/#autoscaling-rules$"))
     row = rules.locator("tbody tr")
     expect(row).to_have_count(1)
     expect(row).to_contain_text("vllm:num_requests_waiting < 0.5 or > 5")

@@ -5,26 +5,20 @@ revision rolls out while the page says so."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, ViewportSize, expect
-from pytest_django.fixtures import Settings
 
 from serving import folders
-from serving.models import ModelFolder, Service, models_root
+from serving.models import ModelFolder, Service
 from tests.nexus.factories import make_user
-from tests.nodes.fleet import trusted_node
-from tests.support.agent import running_agent
-from tests.support.browser import PASSWORD, committed, sign_in
-from tests.support.live import LiveServer, running_nexus
+from tests.support.browser import PASSWORD, arrive, committed, sign_in
+from tests.support.live import LiveServer
 from tests.support.screenshots import screenshot
-from tests.support.worker import running_worker
+from tests.support.serving_stack import serving_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -34,38 +28,11 @@ READY_TIMEOUT_MS = 60_000
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path, settings: Settings) -> Path:
-    """The data dir every process shares: model folders land in data/models."""
-    path = tmp_path / "data"
-    path.mkdir()
-    settings.DATA_DIR = path
-    return path
-
-
-@pytest.fixture
 def nexus(transactional_db: None, tmp_path: Path, data_dir: Path) -> Iterator[LiveServer]:
     make_user("owner", password=PASSWORD, staff=True)
     site = folders.create_folder(ModelFolder(name="site"))
     folders.write_file(site, "index.html", [b"<p>hello from the model folder</p>\n"])
-    # `python` in the command is this checkout's interpreter, as on a node with it installed.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
-    with ExitStack() as stack:
-        agent = stack.enter_context(
-            running_agent(
-                tmp_path,
-                name="node-a",
-                args=["--allow-dir", str(models_root())],
-                env={"PATH": path},
-            )
-        )
-        trusted_node("node-a", agent)
-        shared = {"NEXUS_DATA_DIR": str(data_dir)}
-        server = stack.enter_context(running_nexus(tmp_path, NEXUS_LEDGER="memory", **shared))
-        stack.enter_context(
-            running_worker(
-                tmp_path, beat=True, NEXUS_SERVING_TICK_S="0.5", NEXUS_NODE_REFRESH_S="1", **shared
-            )
-        )
+    with serving_stack(tmp_path, data_dir) as server:
         yield server
 
 
@@ -95,7 +62,7 @@ def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready
     screenshot(page, "serving-launcher-custom-command")
     page.get_by_role("button", name="Start service").click()
 
-    expect(page).to_have_url(re.compile(r"/serving/services/files/$"))
+    arrive(page, re.compile(r"/serving/services/files/$"))
     expect(page.locator("#service-readiness")).to_have_text(
         "1 of 1 replica ready", timeout=READY_TIMEOUT_MS
     )
@@ -105,7 +72,7 @@ def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready
 
     # Edit: the launcher opens filled in; a new variable makes revision 2, which rolls out.
     page.get_by_role("link", name="Edit").click()
-    expect(page).to_have_url(re.compile(r"/serving/services/files/edit/$"))
+    arrive(page, re.compile(r"/serving/services/files/edit/$"))
     expect(page.get_by_label("Command line", exact=True)).to_have_value(COMMAND)
     expect(page.get_by_label("Health path")).to_have_value("/")
     page.get_by_label("More variables").press_sequentially("GREETING=hello")
@@ -113,7 +80,7 @@ def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready
     screenshot(page, "serving-service-edit")
     page.get_by_role("button", name="Update").click()
 
-    expect(page).to_have_url(re.compile(r"/serving/services/files/$"))
+    arrive(page, re.compile(r"/serving/services/files/$"))
     expect(page.locator("#toasts")).to_contain_text("Updated files: revision 2 rolls out.")
     notice = page.get_by_text("The next revision is being applied: revision 2 is rolling out")
     expect(notice).to_be_visible()

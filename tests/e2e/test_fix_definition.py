@@ -5,26 +5,20 @@ the fixed definition (a new revision) and the service becomes ready."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
-from pytest_django.fixtures import Settings
 
 from serving import folders, services
-from serving.models import ModelFolder, Service, models_root
+from serving.models import ModelFolder, Service
 from tests.nexus.factories import make_user
-from tests.nodes.fleet import trusted_node
-from tests.support.agent import running_agent
 from tests.support.browser import PASSWORD, committed, sign_in
-from tests.support.live import LiveServer, running_nexus
+from tests.support.live import LiveServer
 from tests.support.screenshots import screenshot
-from tests.support.worker import running_worker
+from tests.support.serving_stack import serving_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -60,38 +54,13 @@ models:
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path, settings: Settings) -> Path:
-    path = tmp_path / "data"
-    path.mkdir()
-    settings.DATA_DIR = path
-    return path
-
-
-@pytest.fixture
 def nexus(transactional_db: None, tmp_path: Path, data_dir: Path) -> Iterator[LiveServer]:
     make_user("owner", password=PASSWORD, staff=True)
     site = folders.create_folder(ModelFolder(name="site"))
     folders.write_file(site, "model-definition.yaml", [BROKEN.encode()])
     folders.write_file(site, "index.html", [b"<p>hello</p>\n"])
     services.create_service(name="site", model_folder=site, runtime_variant="custom")
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
-    with ExitStack() as stack:
-        agent = stack.enter_context(
-            running_agent(
-                tmp_path,
-                name="node-a",
-                args=["--allow-dir", str(models_root())],
-                env={"PATH": path},
-            )
-        )
-        trusted_node("node-a", agent)
-        shared = {"NEXUS_DATA_DIR": str(data_dir)}
-        server = stack.enter_context(running_nexus(tmp_path, NEXUS_LEDGER="memory", **shared))
-        stack.enter_context(
-            running_worker(
-                tmp_path, beat=True, NEXUS_SERVING_TICK_S="0.5", NEXUS_NODE_REFRESH_S="1", **shared
-            )
-        )
+    with serving_stack(tmp_path, data_dir) as server:
         yield server
 
 

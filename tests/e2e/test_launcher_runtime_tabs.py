@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Locator, Page, ViewportSize, expect
-from pytest_django.fixtures import Settings
 
 from serving import folders
 from serving.models import ModelFolder
@@ -19,14 +18,6 @@ from tests.support.live import LiveServer, running_nexus
 pytestmark = pytest.mark.e2e
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path, settings: Settings) -> Path:
-    path = tmp_path / "data"
-    path.mkdir()
-    settings.DATA_DIR = path
-    return path
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from nexus.models import ApiToken
 from pools import services
 from pools.models import Target
 from tests.nexus.factories import make_pool, make_target, make_user
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, arrive, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.ports import free_port
 from tests.support.screenshots import screenshot
@@ -26,8 +26,9 @@ from tests.support.traffic import chat_body, send
 
 pytestmark = pytest.mark.e2e
 
-# Streams of about 1.5 s on the slow engine, so that a drain finds some in flight.
-SLOW = {"ttft_ms": 50, "tpot_ms": 60, "concurrency": 4}
+# Streams of about 3.6 s on the slow engine, so that a drain finds some in flight: the page,
+# which shows them, is up to a second behind, and a 1.5 s stream seen there had ended once.
+SLOW = {"ttft_ms": 50, "tpot_ms": 150, "concurrency": 4}
 FAST = {"ttft_ms": 20, "tpot_ms": 10, "concurrency": 8}
 STREAM_TOKENS = 24
 # Background traffic: a few clients in a loop, bounded in requests and time.
@@ -98,7 +99,7 @@ def test_a_retried_decision_in_the_stream_leads_to_its_attempts_and_replay(
     screenshot(page, "live-overview")
     row.get_by_role("link").click()
 
-    expect(page).to_have_url(f"{world.nexus.url}/history/{answer.request_id}/")
+    arrive(page, f"{world.nexus.url}/history/{answer.request_id}/")
     first, second = page.locator("#attempt-1"), page.locator("#attempt-2")
     expect(first).to_contain_text("Attempt 1: unreachable")
     expect(

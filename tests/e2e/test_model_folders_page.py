@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.nexus.factories import make_user
-from tests.support.browser import PASSWORD, sign_in
+from tests.support.browser import PASSWORD, arrive, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -63,7 +63,7 @@ def test_an_owner_creates_a_folder_uploads_views_and_deletes_a_model_definition(
 
     # Upload: the file is listed, and the folder now has a model definition.
     row.get_by_role("link", name="llama-3.1-8b").click()
-    expect(page).to_have_url(f"{nexus.url}/serving/models/llama-3.1-8b/")
+    arrive(page, f"{nexus.url}/serving/models/llama-3.1-8b/")
     page.get_by_label("File").set_input_files(definition)
     page.get_by_role("button", name="Upload").click()
     expect(page.locator("#toasts")).to_contain_text("Uploaded model-definition.yaml")
@@ -75,7 +75,7 @@ def test_an_owner_creates_a_folder_uploads_views_and_deletes_a_model_definition(
 
     # View: the text as uploaded.
     files.get_by_role("link", name="model-definition.yaml").click()
-    expect(page).to_have_url(re.compile(r"/serving/models/llama-3\.1-8b/files/model-definition"))
+    arrive(page, re.compile(r"/serving/models/llama-3\.1-8b/files/model-definition"))
     assert page.locator("pre").inner_text() == MODEL_DEFINITION
     page.go_back()
 
@@ -90,7 +90,7 @@ def test_an_owner_creates_a_folder_uploads_views_and_deletes_a_model_definition(
     page.get_by_role("link", name="Delete folder").click()
     expect(page.get_by_role("heading", name="Delete model folder llama-3.1-8b?")).to_be_visible()
     page.get_by_role("button", name="Delete folder").click()
-    expect(page).to_have_url(f"{nexus.url}/serving/models/")
+    arrive(page, f"{nexus.url}/serving/models/")
     expect(page.locator("#toasts")).to_contain_text("Deleted model folder llama-3.1-8b")
     expect(page.get_by_text("No model folders yet.")).to_be_visible()
     assert list((data_dir / "models").iterdir()) == []

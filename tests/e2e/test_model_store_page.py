@@ -7,11 +7,8 @@ SmolLM2 model deployed from its card answers in the chat."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +20,7 @@ from pytest_django.fixtures import Settings
 from nexus.models import ApiToken
 from serving import tokens
 from serving.chat import CHAT_TOKEN_PREFIX
-from serving.models import ModelFolder, ResourcePreset, Service, models_root
+from serving.models import ModelFolder, ResourcePreset, Service
 from serving.store_seed import (
     SIMULATOR_LARGE_FOLDER,
     SIMULATOR_SMALL_FOLDER,
@@ -31,14 +28,12 @@ from serving.store_seed import (
     write_seeds,
 )
 from tests.nexus.factories import make_user
-from tests.nodes.fleet import trusted_node
-from tests.support.agent import running_agent
-from tests.support.browser import PASSWORD, committed, sign_in
-from tests.support.live import LiveServer, running_nexus
+from tests.support.browser import PASSWORD, arrive, committed, sign_in
+from tests.support.live import LiveServer
 from tests.support.real_model import require_real_model
 from tests.support.screenshots import screenshot
+from tests.support.serving_stack import serving_stack
 from tests.support.waiting import wait_until
-from tests.support.worker import running_worker
 
 # A whole stack per test (daphne, a worker, an agent, replicas): about a minute alone, more
 # beside other tests on two cores, so past the e2e tier's 180 s limit.
@@ -66,25 +61,7 @@ def nexus(transactional_db: None, tmp_path: Path, settings: Settings) -> Iterato
     make_user("owner", password=PASSWORD, staff=True)
     write_seeds()
     only_presets()
-    # `python` in the cards' model definitions is this checkout's interpreter.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
-    with ExitStack() as stack:
-        agent = stack.enter_context(
-            running_agent(
-                tmp_path,
-                name="node-a",
-                args=["--allow-dir", str(models_root())],
-                env={"PATH": path},
-            )
-        )
-        trusted_node("node-a", agent)
-        shared = {"NEXUS_DATA_DIR": str(data_dir)}
-        server = stack.enter_context(running_nexus(tmp_path, NEXUS_LEDGER="memory", **shared))
-        stack.enter_context(
-            running_worker(
-                tmp_path, beat=True, NEXUS_SERVING_TICK_S="0.5", NEXUS_NODE_REFRESH_S="1", **shared
-            )
-        )
+    with serving_stack(tmp_path, data_dir) as server:
         yield server
 
 
@@ -149,14 +126,14 @@ def test_find_deploy_in_one_click_chat_and_deploy_through_the_modal(
     screenshot(page, "store-drawer-readme")
     drawer.get_by_role("button", name="Deploy").click()
     expect(drawer).to_contain_text("Deploying simulator-70b")
-    expect(page).to_have_url(
+    arrive(page, 
         re.compile(r"/serving/services/simulator-70b/$"), timeout=READY_TIMEOUT_MS
     )
     expect(page.locator("#service-readiness")).to_have_text("1 of 1 replica ready")
 
     # Start chat: the service preselected, a token of the page's own, a streamed answer.
     page.get_by_role("link", name="Start chat").click()
-    expect(page).to_have_url(re.compile(r"/chat/\?service=\d+$"))
+    arrive(page, re.compile(r"/chat/\?service=\d+$"))
     expect(page.locator("#chat-connection")).to_contain_text("Connected with a token")
     tokens = committed(page_tokens)
     assert [t.services for t in tokens] == [["simulator-70b"]]
@@ -226,7 +203,7 @@ def test_find_deploy_in_one_click_chat_and_deploy_through_the_modal(
     modal.get_by_label("Preset").select_option("simulator:tiny")
     screenshot(page, "store-deploy-modal")
     modal.get_by_role("button", name="Deploy").click()
-    expect(page).to_have_url(re.compile(r"/serving/services/simulator-8b/$"))
+    arrive(page, re.compile(r"/serving/services/simulator-8b/$"))
     expect(page.locator("#toasts")).to_contain_text("Deployed Simulated 8B chat model")
 
 
@@ -245,7 +222,7 @@ def test_the_real_llama_cpp_model_deploys_from_its_card_and_answers_in_the_chat(
     drawer = page.locator("#model-card")
     expect(drawer).to_contain_text("llama.cpp: 1 CPU, 1 GiB")
     drawer.get_by_role("button", name="Deploy").click()
-    expect(page).to_have_url(
+    arrive(page, 
         re.compile(rf"/serving/services/{SMOLLM2_FOLDER}/$"), timeout=LLAMA_READY_TIMEOUT_MS
     )
 

@@ -15,7 +15,7 @@ from nodes.models import Node
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import SIM_MODEL, agent_args, serve_simulator, trusted_node
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, arrive, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -56,14 +56,14 @@ def test_an_owner_adds_an_agent_compares_its_fingerprint_and_sees_its_models(
     page.get_by_label("Credential").fill(agent.credential)
     page.get_by_role("button", name="Add node").click()
 
-    expect(page).to_have_url(f"{nexus.url}/nodes/gpu-box/confirm/")
+    arrive(page, f"{nexus.url}/nodes/gpu-box/confirm/")
     expect(page.locator("[data-fingerprint]")).to_have_text(agent.fingerprint)
     assert agent.credential not in page.content()
     screenshot(page, "nodes-confirm-fingerprint")
 
     page.get_by_role("button", name="Confirm").click()
 
-    expect(page).to_have_url(f"{nexus.url}/nodes/gpu-box/")
+    arrive(page, f"{nexus.url}/nodes/gpu-box/")
     expect(page.get_by_text("Node gpu-box is trusted.")).to_be_visible()
     inventory = page.locator("#node-inventory tbody tr")
     expect(inventory).to_have_count(1)

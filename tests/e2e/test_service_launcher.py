@@ -3,18 +3,20 @@ before anything is submitted; fixed, the parsed command shows; submitted, the se
 
 from __future__ import annotations
 
+import contextlib
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Locator, Page, ViewportSize, expect
-from pytest_django.fixtures import Settings
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Locator, Page, Route, ViewportSize, expect
 
 from serving import folders
 from serving.models import ModelFolder, Service
 from tests.nexus.factories import make_user
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, arrive, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -24,15 +26,6 @@ pytestmark = pytest.mark.e2e
 BROKEN_DEFINITION = (
     b"models:\n  - name: x\n    model_path: /models\n    service:\n      port: 8000\n"
 )
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path, settings: Settings) -> Path:
-    """The server's data dir, which this process writes model folders into too."""
-    path = tmp_path / "data"
-    path.mkdir()
-    settings.DATA_DIR = path
-    return path
 
 
 @pytest.fixture
@@ -106,7 +99,7 @@ def test_the_launcher_checks_as_one_types_and_starts_the_service(
 
     # Submitted: the service exists and its page opens.
     page.get_by_role("button", name="Start service").click()
-    expect(page).to_have_url(re.compile(r"/serving/services/chat/$"))
+    arrive(page, re.compile(r"/serving/services/chat/$"))
     expect(page.locator("#toasts")).to_contain_text("Started service chat.")
     expect(page.locator("#service-readiness")).to_have_text("0 of 1 replica ready")
     expect(page.locator("#revisions")).to_contain_text(
@@ -116,3 +109,41 @@ def test_the_launcher_checks_as_one_types_and_starts_the_service(
     spec = committed(lambda: Service.objects.get().latest_revision.spec)
     argv = ["vllm", "serve", "/models/llama", "--tp", "2", "--port", "8001"]
     assert (spec["argv"], spec["port"]) == (argv, 8001)
+
+
+def wait_for_requests(page: Page, held: list[Route], count: int) -> None:
+    """Wait (5 s at most) until the page has sent `count` of the held requests."""
+    deadline = time.monotonic() + 5
+    while len(held) < count and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    assert len(held) >= count, f"{len(held)} of {count} checks sent"
+
+
+def test_a_check_still_in_flight_gives_way_to_the_newest_input(
+    nexus: LiveServer, page: Page
+) -> None:
+    sign_in(page, nexus, "/serving/services/new/")
+    page.get_by_label("Service name").fill("chat")
+    page.get_by_label("Runtime variant").select_option("custom")
+    page.get_by_label("Model folder").select_option("llama")
+    page.get_by_label("a command line").check()
+    command = page.get_by_label("Command line", exact=True)
+    expect(command).to_be_visible()
+
+    # Given the server holding every check (a loaded machine answering slowly)
+    held: list[Route] = []
+    page.route("**/serving/services/new/check/", lambda route: held.append(route))
+    # When a check is in flight and the operator types on
+    command.press_sequentially("vllm serve '/models/llama")
+    wait_for_requests(page, held, 1)
+    replicas = page.get_by_label("Replicas")
+    replicas.select_text()
+    replicas.press_sequentially("2")
+    # Then the newest input's check is sent all the same (htmx's default dropped it),
+    wait_for_requests(page, held, 2)
+    page.unroute("**/serving/services/new/check/")
+    for route in held:
+        with contextlib.suppress(PlaywrightError):  # the replaced one was aborted
+            route.continue_()
+    # and the verdict shown is the newest input's.
+    expect(page.locator("#launch-check")).to_contain_text("command: unbalanced quote")

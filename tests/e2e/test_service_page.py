@@ -14,7 +14,6 @@ import httpx
 import pytest
 from django.utils import timezone
 from playwright.sync_api import Browser, Page, expect
-from pytest_django.fixtures import Settings
 
 from serving import live as serving_live
 from serving.models import Route, RouteState, Service
@@ -26,14 +25,6 @@ from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path, settings: Settings) -> Path:
-    path = tmp_path / "data"
-    path.mkdir()
-    settings.DATA_DIR = path
-    return path
 
 
 @pytest.fixture

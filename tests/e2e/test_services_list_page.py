@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
-from pytest_django.fixtures import Settings
 
 from serving import reconciler
 from serving.models import Service, ServiceLifecycle
@@ -20,14 +19,6 @@ from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path, settings: Settings) -> Path:
-    path = tmp_path / "data"
-    path.mkdir()
-    settings.DATA_DIR = path
-    return path
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from playwright.sync_api import Browser, Page, expect
 from nexus.models import ApiToken
 from nexus.ui import badges, format
 from tests.nexus.factories import make_user
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, arrive, committed, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -123,7 +123,7 @@ def test_the_drawer_opens_beside_the_page_and_escape_closes_it(
     drawer = page.get_by_role("dialog", name="Route 12")
     expect(drawer).to_be_visible()
     expect(drawer).to_contain_text("! Degraded")
-    expect(page).to_have_url(f"{nexus.url}/ui/kit/")
+    arrive(page, f"{nexus.url}/ui/kit/")
     page.keyboard.press("Escape")
     expect(drawer).to_be_hidden()
 
@@ -145,7 +145,7 @@ def test_a_destructive_action_confirms_in_a_dialog_then_toasts(
     toast = page.locator(".toast")
     expect(toast).to_have_text("Confirmed: nothing was deleted, this is the UI kit. ✕")
     expect(toast).to_have_attribute("data-level", "success")
-    expect(page).to_have_url(f"{nexus.url}/ui/kit/")
+    arrive(page, f"{nexus.url}/ui/kit/")
 
 
 def test_a_refused_form_keeps_its_values_beside_their_errors_but_no_secret(

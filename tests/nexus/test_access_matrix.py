@@ -3,20 +3,26 @@
 The routes are read from the URL resolver, so a new route fails `test_every_route_has_its_row`
 until its row below says who may call it. Each case runs against a fresh world (one project,
 `acme`, holding a pool, a target, history, a model folder, a service with a route and a token;
-the fleet: a node, a deployment, a resource group and preset), because writes change it.
+the fleet: a node, a deployment, a resource group and preset), because writes change it: the
+world is built once per module in a transaction that is rolled back at the end, each case runs
+in a savepoint inside it (the `db` fixture's) and on its own copy of the world's files.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
+from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import LazySettings
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import transaction
+from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -277,12 +283,45 @@ class World:
 
     cast: Cast
     kwargs: dict[str, dict[str, str]]
+    # The signed-in personas' session cookies: signed in once, with the world.
+    cookies: dict[Persona, SimpleCookie] = field(default_factory=dict)
+
+    def client(self, persona: Persona) -> APIClient:
+        """Return an API client that speaks as the persona."""
+        if persona not in self.cookies:
+            return self.cast.client(persona)
+        client = APIClient()
+        client.cookies = SimpleCookie(self.cookies[persona])
+        return client
+
+
+@pytest.fixture(scope="module")
+def built_world(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[World, Path]]:
+    """Build the world once, in a transaction rolled back after the module's last case."""
+    data_dir = tmp_path_factory.mktemp("world") / "data"
+    data_dir.mkdir()
+    with django_db_blocker.unblock(), transaction.atomic(), override_settings(DATA_DIR=data_dir):
+        yield build_world(), data_dir
+        transaction.set_rollback(True)
 
 
 @pytest.fixture
-def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
+def world(
+    built_world: tuple[World, Path], db: None, settings: LazySettings, tmp_path: Path
+) -> World:
+    """The built world as it was, whatever earlier cases changed: its rows in a savepoint the
+    `db` fixture rolls back, its files copied afresh."""
+    world, data_dir = built_world
     settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
+    shutil.copytree(data_dir, settings.DATA_DIR)
+    return world
+
+
+def build_world() -> World:
+    """Create the project's objects, the fleet and the cast; return them with the route
+    arguments."""
     project = Project.objects.create(name="acme")
     pool = make_pool("chat", project=project)
     target = make_target(pool, "a", base_url=f"{NOWHERE}/v1", model_id="m")
@@ -316,7 +355,11 @@ def world(db: None, settings: LazySettings, tmp_path: Path) -> World:
     folder_kwargs = {"name": "llama"}
     return World(
         cast,
-        {
+        cookies={
+            persona: cast.client(persona).cookies
+            for persona in (P.OWNER, P.TEAMMATE, P.OUTSIDER, P.STAFF)
+        },
+        kwargs={
             "token": {"pk": str(token.pk)},
             "project": {"name": "acme"},
             "project-member-list": member,
@@ -391,7 +434,7 @@ def test_the_route_answers_the_persona_as_documented(
     pattern = next(p for n, m, p in api_routes() if (n, m) == (name, method))
     body, expected = ROUTES[(name, method)]
 
-    status = call(world.cast.client(persona), method, path_of(world, name, pattern), body)
+    status = call(world.client(persona), method, path_of(world, name, pattern), body)
 
     assert status == expected[persona]
 

@@ -6,10 +6,8 @@ import logging
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 
-from nexus.asgi import application
-from tests.support.sockets import session_cookie
+from tests.support.sockets import answer_to, session_cookie
 
 LIVE_PAGE = "/ws/pools/"
 
@@ -17,10 +15,7 @@ LIVE_PAGE = "/ws/pools/"
 async def answer(path: str, *headers: tuple[bytes, bytes]) -> tuple[bool, int | None]:
     """Open a staff user's socket with these headers and return how it was answered."""
     cookie = await sync_to_async(session_cookie)("ops", staff=True)
-    socket = WebsocketCommunicator(application, path, headers=[*headers, cookie])
-    connected, code = await socket.connect()
-    await socket.disconnect()
-    return connected, code
+    return await answer_to(path, [*headers, cookie])
 
 
 @pytest.mark.django_db(transaction=True)

@@ -4,11 +4,8 @@ process all carry them."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.test import Client
-from pytest_django.fixtures import Settings
 
 from serving import folders, replicas, services
 from serving.forms import form_data_of
@@ -16,7 +13,7 @@ from serving.launch import LaunchError
 from serving.models import FolderUsage, ModelFolder, Route
 from tests.nexus.factories import make_user
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_dir")]
 
 DEFINITION = """\
 models:
@@ -26,13 +23,6 @@ models:
       start_command: [serve, /models/w.bin, --data=/data/train, /datasets]
       port: 8001
 """
-
-
-@pytest.fixture(autouse=True)
-def data_dir(settings: Settings, tmp_path: Path) -> Path:
-    settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
-    return settings.DATA_DIR
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from serving.models import ModelFolder, Revision, Service, ServiceLifecycle
 from tests.nexus.factories import make_user
 from tests.support.personas import default_viewer
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_dir")]
 
 MODEL_DEFINITION = b"""models:
   - name: llama
@@ -36,14 +36,6 @@ TOO_LARGE = (
     " NEXUS_MAX_UPLOAD_BYTES); nothing was written."
 )
 FOLDERS = "/api/v1/model-folders/"
-
-
-@pytest.fixture(autouse=True)
-def data_dir(settings: Settings, tmp_path: Path) -> Path:
-    """Give every test its own data dir, so model folders land in tmp_path/models."""
-    settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
-    return settings.DATA_DIR
 
 
 def make_folder(name: str = "llama", **files: bytes) -> ModelFolder:

@@ -4,11 +4,8 @@ the default is refused with the reason."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.test import Client
-from pytest_django.fixtures import Settings
 
 from serving.models import ResourceGroup, Service, ServiceLifecycle
 from tests.deployments.factories import make_node
@@ -16,17 +13,10 @@ from tests.nexus.factories import make_user
 from tests.serving.test_services_api import make_service
 from tests.support.personas import default_viewer, signed_in
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_dir")]
 
 GROUPS = "/serving/resource-groups/"
 API = "/api/v1/resource-groups/"
-
-
-@pytest.fixture(autouse=True)
-def data_dir(settings: Settings, tmp_path: Path) -> Path:
-    settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
-    return settings.DATA_DIR
 
 
 @pytest.fixture

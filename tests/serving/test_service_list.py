@@ -5,7 +5,6 @@ confirms with true counts; live for staff over /ws/serving/services/."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +12,6 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client
-from pytest_django.fixtures import Settings
 
 from serving import live as serving_live
 from serving.models import Route, RouteState, Service, ServiceLifecycle
@@ -23,13 +21,7 @@ from tests.support.personas import default_viewer
 from tests.support.sockets import refusal, socket_of
 
 LIST = "/serving/services/"
-
-
-@pytest.fixture(autouse=True)
-def data_dir(settings: Settings, tmp_path: Path) -> Path:
-    settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
-    return settings.DATA_DIR
+pytestmark = pytest.mark.usefixtures("data_dir")
 
 
 def signed_in(user: User) -> Client:

@@ -5,12 +5,10 @@ route drawer shows where a route runs, its probes, errors and log tail."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.test import Client
-from pytest_django.fixtures import Settings
 
 from serving import live as serving_live
 from serving.models import Route, RouteState, Service
@@ -19,12 +17,7 @@ from tests.serving.test_services_api import make_service
 from tests.support.personas import default_viewer
 from tests.support.sockets import refused_socket, socket_of
 
-
-@pytest.fixture(autouse=True)
-def data_dir(settings: Settings, tmp_path: Path) -> Path:
-    settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
-    return settings.DATA_DIR
+pytestmark = pytest.mark.usefixtures("data_dir")
 
 
 @pytest.fixture(autouse=True)

@@ -4,13 +4,11 @@ page with its revisions, routes and tokens, scaling, clearing errors and deletin
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 from django.utils import timezone
-from pytest_django.fixtures import Settings
 
 from nexus.models import ApiToken, hash_token
 from serving import folders, services
@@ -21,7 +19,7 @@ from tests.nexus.factories import make_user
 from tests.serving.test_services_api import make_folder, make_service
 from tests.support.personas import default_viewer
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_dir")]
 
 LIST = "/serving/services/"
 NEW = "/serving/services/new/"
@@ -31,13 +29,6 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 BROKEN_DEFINITION = (
     "models:\n  - name: x\n    model_path: /models\n    service:\n      port: 8000\n"
 )
-
-
-@pytest.fixture(autouse=True)
-def data_dir(settings: Settings, tmp_path: Path) -> Path:
-    settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
-    return settings.DATA_DIR
 
 
 @pytest.fixture

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.utils import timezone
-from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
 
 from nexus.models import ApiToken, ConfigVersion
@@ -31,7 +29,7 @@ from tests.deployments.factories import make_node
 from tests.nexus.factories import make_pool, make_user
 from tests.support.personas import signed_in
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_dir")]
 
 SERVICES = "/api/v1/services/"
 MODEL_DEFINITION = """\
@@ -62,14 +60,6 @@ HEALTH = {
     "expected_status_code": 200,
     "initial_delay": 60.0,
 }
-
-
-@pytest.fixture(autouse=True)
-def data_dir(settings: Settings, tmp_path: Path) -> Path:
-    """Give every test its own data dir, so model folders land in tmp_path/data/models."""
-    settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
-    return settings.DATA_DIR
 
 
 def make_folder(name: str = "llama", **files: str) -> ModelFolder:

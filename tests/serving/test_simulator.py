@@ -423,6 +423,28 @@ def test_prefix_cache_hits_lower_ttft_and_are_counted(paced: Simulator) -> None:
     assert 0 < metric(paced, "vllm:gpu_cache_usage_perc") <= 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_next_turn_finds_the_previous_answer_cached(fast: Simulator, stream: bool) -> None:
+    question = " ".join([str(uuid.uuid4())] + [f"q{i}" for i in range(15)])  # one block
+    first = [{"role": "user", "content": question}]
+    response = post_chat(fast, messages=first, max_tokens=32, stream=stream)
+    if stream:
+        chunks = [json.loads(p) for p in sse_payloads(response.text.splitlines())[:-1]]
+        content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    else:
+        content = response.json()["choices"][0]["message"]["content"]
+    answer = {"role": "assistant", "content": content}
+    second = [*first, answer, {"role": "user", "content": "and then?"}]
+    queries = metric(fast, "vllm:prefix_cache_queries_total")
+    hits = metric(fast, "vllm:prefix_cache_hits_total")
+
+    assert post_chat(fast, messages=second, max_tokens=1).status_code == 200
+
+    # 16 question words and 32 answer words: three full blocks, all cached by the first turn.
+    assert metric(fast, "vllm:prefix_cache_queries_total") - queries == 16 + 32 + 2
+    assert metric(fast, "vllm:prefix_cache_hits_total") - hits == 48
+
+
 # Alone: it asserts the freed slot answers within the first token's time plus 0.1 s.
 @pytest.mark.serial
 def test_a_client_disconnect_frees_its_slot(paced: Simulator) -> None:
@@ -459,6 +481,14 @@ def test_prefix_cache_counts_only_hits_that_start_at_the_first_block() -> None:
     assert cache.admit(["a", "b", "c", "d", "x"]) == (2, 2)
     assert cache.admit(["a", "x", "c", "d"]) == (0, 2)  # same second block, different prefix
     assert (cache.queried_tokens, cache.hit_tokens) == (14, 4)
+
+
+def test_prefix_cache_keeps_a_finished_sequence_without_counting_a_query() -> None:
+    cache = PrefixCache(capacity_blocks=8, block_size=2)
+    cache.keep(["a", "b", "c", "d", "e"])
+
+    assert (cache.queried_tokens, cache.hit_tokens) == (0, 0)
+    assert cache.admit(["a", "b", "c", "d", "x", "y"]) == (2, 3)
 
 
 def test_prefix_cache_evicts_the_least_recently_used_block() -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
-from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
 
 from nodes.models import Node
@@ -62,13 +61,6 @@ models:
     service:
       start_command: [python, -c, "import time; time.sleep(60)", "${{PORT}}"]
 {HEALTH}"""
-
-
-@pytest.fixture
-def data_dir(settings: Settings, tmp_path: Path) -> Path:
-    settings.DATA_DIR = tmp_path / "data"
-    settings.DATA_DIR.mkdir()
-    return settings.DATA_DIR
 
 
 @pytest.fixture

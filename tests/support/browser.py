@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from re import Pattern
 from typing import TypeVar
 
 from django.db import connection
@@ -33,11 +34,22 @@ def committed(work: Callable[[], T]) -> T:
         return executor.submit(run).result()
 
 
+def arrive(page: Page, url: str | Pattern[str], *, timeout: float | None = None) -> None:
+    """Wait until the page is at url and has loaded, its deferred scripts (htmx, nexus.js) run.
+
+    The URL changes when the new document commits, before its scripts run: a click made then
+    finds tabs, htmx attributes and dialogs without their behaviour (a CI run clicked a tab
+    before nexus.js had run, and every panel stayed shown).
+    """
+    expect(page).to_have_url(url, timeout=timeout)
+    page.wait_for_load_state("load")
+
+
 def sign_in(page: Page, nexus: LiveServer, path: str, *, username: str = "owner") -> None:
     """Open path, sign in on the login page it redirects to, and land back on path."""
     page.goto(f"{nexus.url}{path}")
-    expect(page).to_have_url(f"{nexus.url}/login/?next={path}")
+    arrive(page, f"{nexus.url}/login/?next={path}")
     page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Sign in").click()
-    expect(page).to_have_url(f"{nexus.url}{path}")
+    arrive(page, f"{nexus.url}{path}")

@@ -123,7 +123,13 @@ def kind_of(pid: int) -> str:
     # redis-server rewrites its command line into a title such as "…/redis-server unixsocket:…".
     if "redis-server" in argv[0]:
         return "redis"
-    for module in ("serving.runtimes.simulator", "daphne", "celery", "nodes.agent"):
+    for module in (
+        "serving.runtimes.simulator",
+        "daphne",
+        "runhistorywriter",
+        "celery",
+        "nodes.agent",
+    ):
         if module in argv:
             return module
     return " ".join(argv)

@@ -1,11 +1,12 @@
 """A real Nexus server process (daphne, or uvicorn) on a free loopback port, sharing the test
-database."""
+database, with the history writer (`manage.py runhistorywriter`) that a gateway needs beside it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,6 +72,50 @@ class LiveServer:
         processes.stop(self.process, timeout_s=10)
 
 
+def history_writer_argv(consumer: str) -> list[str]:
+    """Return the command that runs the history writer under this consumer name."""
+    return [
+        sys.executable,
+        str(REPO_ROOT / "manage.py"),
+        "runhistorywriter",
+        "--consumer",
+        consumer,
+    ]
+
+
+@contextmanager
+def running_history_writer(
+    tmp_dir: Path, consumer: str = "writer-tests", **extra_env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run the history writer until the block ends; stopping it writes what is on the stream."""
+    # A log per run: a restarted writer's readiness is read from its own.
+    log_path = tmp_dir / f"history-writer-{consumer}-{uuid.uuid4().hex[:6]}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            history_writer_argv(consumer),
+            cwd=REPO_ROOT,
+            env=server_environment(**extra_env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        # Ready once its signal handlers are in place: a stop from then on writes what is left.
+        wait_until(
+            lambda: _writer_started(process, log_path), timeout_s=30, what=log_path.read_text
+        )
+        yield process
+    finally:
+        processes.stop(process, timeout_s=20)
+
+
+def _writer_started(process: subprocess.Popen[bytes], log_path: Path) -> bool:
+    if process.poll() is not None:
+        raise RuntimeError(
+            f"history writer exited with {process.returncode}:\n{log_path.read_text()}"
+        )
+    return "history writer: started" in log_path.read_text(errors="replace")
+
+
 def server_argv(server: str, port: int) -> list[str]:
     """Return the command that serves Nexus's ASGI app: daphne, or uvicorn as documented
     ("uvicorn"), or uvicorn with its other HTTP protocol ("uvicorn-h11")."""
@@ -85,8 +130,22 @@ def server_argv(server: str, port: int) -> list[str]:
 
 @contextmanager
 def running_nexus(tmp_dir: Path, server: str = "daphne", **extra_env: str) -> Iterator[LiveServer]:
-    """Run daphne (or uvicorn) with Nexus's ASGI app until the block ends."""
+    """Run daphne (or uvicorn) with Nexus's ASGI app, and a history writer, until the block ends;
+    the server stops first (shipping its last records), then the writer (writing them)."""
     port = free_port()
+    with (
+        running_history_writer(tmp_dir, f"writer-{port}", **extra_env),
+        running_web_server(tmp_dir, server, port, **extra_env) as live,
+    ):
+        yield live
+
+
+@contextmanager
+def running_web_server(
+    tmp_dir: Path, server: str = "daphne", port: int | None = None, **extra_env: str
+) -> Iterator[LiveServer]:
+    """Run the web server alone (no history writer: its records wait on the stream)."""
+    port = port or free_port()
     log_path = tmp_dir / f"{server}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -135,6 +135,14 @@ def _chat_prompt(messages: object) -> _Prompt:
     return _Prompt(tokens, key)
 
 
+def _outputs(generation: _Generation) -> list[list[str]]:
+    """Return each prompt's answer: the same words for the same seed and prompt."""
+    return [
+        generate_words(generation.seed, prompt.key, generation.max_tokens)
+        for prompt in generation.prompts
+    ]
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -390,14 +398,14 @@ class SimulatorApi:
             if rest > 0:
                 await asyncio.sleep(rest)
             admission.completion_tokens = generation.max_tokens * len(generation.prompts)
-        return self._completion_response(generation)
+            admission.outputs = _outputs(generation)
+        return self._completion_response(generation, admission.outputs)
 
-    def _completion_response(self, generation: _Generation) -> web.Response:
+    def _completion_response(
+        self, generation: _Generation, outputs: Sequence[Sequence[str]]
+    ) -> web.Response:
         count = generation.max_tokens
-        texts = [
-            " ".join(generate_words(generation.seed, prompt.key, count))
-            for prompt in generation.prompts
-        ]
+        texts = [" ".join(output) for output in outputs]
         if generation.chat:
             object_name, id_prefix = "chat.completion", "chatcmpl"
             choices: list[dict[str, Any]] = [
@@ -468,10 +476,7 @@ class SimulatorApi:
             token_heads = [
                 head + b'{"index":%d,"text":' % index for index in range(len(generation.prompts))
             ]
-        outputs = [
-            generate_words(generation.seed, prompt.key, generation.max_tokens)
-            for prompt in generation.prompts
-        ]
+        outputs = _outputs(generation)
         cut_after = engine.faults.cut_stream_after
         stall_after = engine.faults.stall_stream_after
         loop = asyncio.get_running_loop()
@@ -503,6 +508,7 @@ class SimulatorApi:
             for token_head, output in zip(token_heads, outputs, strict=True):
                 pending.append(token_head + words[output[position]] + token_end)
             admission.completion_tokens += len(outputs)
+        admission.outputs = outputs
         finish = _encode(generation.finish_reason).encode()
         finish_end = b',"logprobs":null,"finish_reason":' + finish + b"}" + tail
         if chat:

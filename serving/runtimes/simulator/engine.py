@@ -80,6 +80,19 @@ class PrefixCache:
         only when everything before it is too.
         """
         self.queried_tokens += len(tokens)
+        hits, total = self._cache(tokens)
+        self.hit_tokens += hits * self._block_size
+        return hits, total
+
+    def keep(self, tokens: Sequence[str]) -> None:
+        """Cache the full blocks of a finished sequence, prompt and answer, without a query.
+
+        vLLM's prefix caching keeps the blocks a request filled while generating too, so the
+        next turn of a conversation, whose prompt repeats the answer, finds them.
+        """
+        self._cache(tokens)
+
+    def _cache(self, tokens: Sequence[str]) -> tuple[int, int]:
         size = self._block_size
         total = len(tokens) // size
         if not total or not self._capacity:
@@ -98,7 +111,6 @@ class PrefixCache:
                 cache[prefix_hash] = None
                 if len(cache) > self._capacity:
                     cache.popitem(last=False)
-        self.hit_tokens += hits * size
         return hits, total
 
 
@@ -113,7 +125,14 @@ class ModelState(StrEnum):
 class Admission:
     """One request holding a generation slot for the duration of an ``async with``."""
 
-    __slots__ = ("_engine", "_prompts", "ttft_s", "prefix_hit_fraction", "completion_tokens")
+    __slots__ = (
+        "_engine",
+        "_prompts",
+        "ttft_s",
+        "prefix_hit_fraction",
+        "completion_tokens",
+        "outputs",
+    )
 
     def __init__(self, engine: Engine, prompts: Sequence[Sequence[str]]) -> None:
         self._engine = engine
@@ -121,6 +140,8 @@ class Admission:
         self.ttft_s = 0.0
         self.prefix_hit_fraction = 0.0
         self.completion_tokens = 0
+        # Each prompt's answer, set by whoever generates it; cached with its prompt on success.
+        self.outputs: Sequence[Sequence[str]] = ()
 
     async def __aenter__(self) -> Admission:
         engine = self._engine
@@ -155,6 +176,8 @@ class Admission:
         engine.generation_tokens_total += self.completion_tokens
         if exc_type is None:
             engine.requests_completed += 1
+            for prompt, output in zip(self._prompts, self.outputs, strict=False):
+                engine.prefix_cache.keep([*prompt, *output])
         elif issubclass(exc_type, asyncio.CancelledError | ConnectionError):
             engine.requests_cancelled += 1
 
