@@ -126,9 +126,7 @@ def test_find_deploy_in_one_click_chat_and_deploy_through_the_modal(
     screenshot(page, "store-drawer-readme")
     drawer.get_by_role("button", name="Deploy").click()
     expect(drawer).to_contain_text("Deploying simulator-70b")
-    arrive(page, 
-        re.compile(r"/serving/services/simulator-70b/$"), timeout=READY_TIMEOUT_MS
-    )
+    arrive(page, re.compile(r"/serving/services/simulator-70b/$"), timeout=READY_TIMEOUT_MS)
     expect(page.locator("#service-readiness")).to_have_text("1 of 1 replica ready")
 
     # Start chat: the service preselected, a token of the page's own, a streamed answer.
@@ -222,8 +220,8 @@ def test_the_real_llama_cpp_model_deploys_from_its_card_and_answers_in_the_chat(
     drawer = page.locator("#model-card")
     expect(drawer).to_contain_text("llama.cpp: 1 CPU, 1 GiB")
     drawer.get_by_role("button", name="Deploy").click()
-    arrive(page, 
-        re.compile(rf"/serving/services/{SMOLLM2_FOLDER}/$"), timeout=LLAMA_READY_TIMEOUT_MS
+    arrive(
+        page, re.compile(rf"/serving/services/{SMOLLM2_FOLDER}/$"), timeout=LLAMA_READY_TIMEOUT_MS
     )
 
     page.get_by_role("link", name="Start chat").click()
