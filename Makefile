@@ -56,12 +56,13 @@ check: $(VENV)/.installed-dev
 	$(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 
 ## `make check`, then the whole test suite (the real-model tests included: `llama` marker): side
-## by side, then alone the few tests that measure time and cannot share the CPU (`serial`).
+## by side, then alone the few tests that measure time and cannot share the CPU (`serial`). Each
+## pass ends with its slowest tests: where the suite's time goes.
 test: export PYTHONDONTWRITEBYTECODE :=
 test: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 test: check $(VENV)/.installed-llama
-	$(PY) -m pytest $(XDIST) -m "not serial"
-	$(PY) -m pytest -m serial
+	$(PY) -m pytest $(XDIST) --durations=30 -m "not serial"
+	$(PY) -m pytest --durations=10 -m serial
 
 ## The unit tests only (no process, no network), side by side: the loop while you work. The
 ## few that measure time (`serial`) wait for `make test`; property tests try a fifth of their
