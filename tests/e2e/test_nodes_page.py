@@ -15,7 +15,7 @@ from nodes.models import Node
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import SIM_MODEL, agent_args, serve_simulator, trusted_node
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.browser import PASSWORD, arrive, committed, sign_in
+from tests.support.browser import PASSWORD, arrive, committed, follow, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -50,7 +50,7 @@ def test_an_owner_adds_an_agent_compares_its_fingerprint_and_sees_its_models(
     screenshot(page, "nodes-list-empty")
 
     # The empty state's next step.
-    page.locator("#nodes-table").get_by_role("link", name="Add node").click()
+    follow(page, page.locator("#nodes-table").get_by_role("link", name="Add node"))
     page.get_by_label("Name").fill("gpu-box")
     page.get_by_label("Address").fill(agent.url)
     page.get_by_label("Credential").fill(agent.credential)
@@ -77,7 +77,7 @@ def test_an_owner_adds_an_agent_compares_its_fingerprint_and_sees_its_models(
     expect(page.locator("#node-inventory tbody tr")).to_have_count(1)
     assert page.evaluate("window.loadedOnce") is True
 
-    page.get_by_role("link", name="Nodes", exact=True).first.click()
+    follow(page, page.get_by_role("link", name="Nodes", exact=True).first)
     row = page.locator("#node-gpu-box")
     expect(row.locator(".badge")).to_have_text("✓ Online")
 

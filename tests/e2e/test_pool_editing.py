@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 
 from pools.models import Pool, Target
 from tests.nexus.factories import make_pool, make_target, make_user
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, committed, follow, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -62,7 +62,7 @@ def test_an_operator_adds_a_provider_target_and_removes_another(
 ) -> None:
     sign_in(page, nexus, "/pools/edit/", username="operator")
 
-    page.get_by_role("link", name="Add target").click()
+    follow(page, page.get_by_role("link", name="Add target"))
     page.get_by_label("Name").fill("openai")
     page.get_by_label("Base URL").fill("https://api.openai.com/v1")
     page.get_by_label("Model id").fill("gpt-4o-mini")
@@ -94,7 +94,7 @@ def test_an_operator_adds_a_provider_target_and_removes_another(
 def test_an_operator_edits_the_pool_settings(nexus: LiveServer, page: Page) -> None:
     sign_in(page, nexus, "/pools/edit/", username="operator")
 
-    page.get_by_role("link", name="Edit settings").click()
+    follow(page, page.get_by_role("link", name="Edit settings"))
     page.get_by_label("Strategy").select_option("least_busy")
     page.get_by_label("Queue length").fill("12")
     screenshot(page, "pools-settings")

@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect
 
 from nexus.models import ApiToken
 from tests.nexus.factories import make_pool, make_target, make_user
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, committed, follow, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 from tests.support.simulator import running_simulators
@@ -63,7 +63,7 @@ def test_try_traffic_shows_the_distribution_and_a_drill_its_verdict(
 ) -> None:
     sign_in(page, nexus, "/pools/traffic/", username="operator")
 
-    page.get_by_role("link", name="Try traffic").click()
+    follow(page, page.get_by_role("link", name="Try traffic"))
     expect(page.locator(".warning")).to_contain_text("This makes real inference calls")
     page.get_by_label("Requests").fill("20")
     page.get_by_label("Concurrency").fill("4")
@@ -81,8 +81,8 @@ def test_try_traffic_shows_the_distribution_and_a_drill_its_verdict(
     screenshot(page, "pools-try-traffic")
     assert committed(lambda: ApiToken.objects.get(name__startswith="Try traffic").revoked_at)
 
-    page.get_by_role("link", name="Traffic").click()
-    page.get_by_role("link", name="Failure drill").click()
+    follow(page, page.get_by_role("link", name="Traffic"))
+    follow(page, page.get_by_role("link", name="Failure drill"))
     page.get_by_label("Target").select_option(label="fast")
     page.get_by_label("Requests per phase").fill("12")
     page.get_by_role("button", name="Start the drill").click()
@@ -98,6 +98,6 @@ def test_try_traffic_shows_the_distribution_and_a_drill_its_verdict(
     expect(drain.locator(".bar-label")).to_have_text(["slow"])
     screenshot(page, "pools-drill-verdict")
 
-    page.get_by_role("link", name="Traffic").click()
+    follow(page, page.get_by_role("link", name="Traffic"))
     expect(page.locator("#drills")).to_contain_text("avoided: 0 of 12 requests went to fast")
     expect(page.locator("#pool-live tr[data-target='fast'] td.status")).to_have_text("✓ Active")

@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 
 from pools.models import IdentityConfirmation
 from tests.nexus.factories import make_pool, make_target, make_user
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, committed, follow, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 from tests.support.simulator import running_simulator
@@ -37,7 +37,7 @@ def test_validate_warns_of_capacity_and_asks_to_confirm_the_identity(
     nexus: LiveServer, page: Page
 ) -> None:
     sign_in(page, nexus, "/pools/check/", username="operator")
-    page.get_by_role("link", name="Validate").click()
+    follow(page, page.get_by_role("link", name="Validate"))
     page.get_by_role("button", name="Validate").click()
 
     small = page.locator('ul[data-target="small"]')
@@ -58,5 +58,5 @@ def test_validate_warns_of_capacity_and_asks_to_confirm_the_identity(
     stored = committed(lambda: IdentityConfirmation.objects.get())
     assert [entry["name"] for entry in stored.targets] == ["small", "provider"]
 
-    page.get_by_role("link", name="Checked").click()
+    follow(page, page.get_by_role("link", name="Checked"))
     expect(page.locator("#identity-confirmation")).to_contain_text("small (demo-8b), provider")

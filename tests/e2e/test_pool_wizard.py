@@ -19,7 +19,7 @@ from pools.models import IdentityConfirmation, Target
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import SIM_MODEL, agent_args, serve_simulator
 from tests.support.agent import RunningAgent, running_agent
-from tests.support.browser import PASSWORD, arrive, committed, sign_in
+from tests.support.browser import PASSWORD, arrive, committed, follow, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 from tests.support.simulator import running_simulator
@@ -55,7 +55,7 @@ def test_an_operator_creates_an_exact_replicas_pool_step_by_step_and_calls_it(
         model=SIM_MODEL, ttft_ms=0, tpot_ms=0, concurrency=6, api_key=PROVIDER_KEY
     ) as provider:
         sign_in(page, nexus, "/pools/", username="operator")
-        page.get_by_role("link", name="Add pool").first.click()
+        follow(page, page.get_by_role("link", name="Add pool").first)
 
         # 1. Nodes: one added here, its fingerprint compared and confirmed.
         expect(page.locator('[aria-current="step"]')).to_have_text("1. Nodes")
@@ -158,7 +158,7 @@ def test_an_operator_creates_an_exact_replicas_pool_step_by_step_and_calls_it(
         page.reload()
         expect(page.locator("[data-token-chooser] option")).to_have_count(2)
         screenshot(page, "pools-wizard-created")
-        page.get_by_role("link", name="Open the pool").click()
+        follow(page, page.get_by_role("link", name="Open the pool"))
         expect(page.locator("#pool-live")).to_contain_text("key stored")
         assert PROVIDER_KEY not in page.content()
 

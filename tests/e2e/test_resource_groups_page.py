@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 from serving.models import ResourceGroup
 from tests.deployments.factories import make_node
 from tests.nexus.factories import make_user
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, committed, follow, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -40,7 +40,7 @@ def test_staff_create_a_group_and_change_its_nodes(nexus: LiveServer, page: Page
     expect(page.locator("#resource-group-gpu")).to_contain_text("gpu-a")
     screenshot(page, "serving-resource-groups-list")
 
-    page.get_by_role("link", name="Edit gpu").click()
+    follow(page, page.get_by_role("link", name="Edit gpu"))
     expect(page.get_by_label("Name")).to_be_disabled()
     page.get_by_label("gpu-b").check()
     screenshot(page, "serving-resource-groups-edit")

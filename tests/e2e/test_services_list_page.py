@@ -14,7 +14,7 @@ from serving import reconciler
 from serving.models import Service, ServiceLifecycle
 from tests.nexus.factories import make_user
 from tests.serving.test_services_api import make_service
-from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.browser import PASSWORD, committed, follow, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -68,7 +68,7 @@ def test_filter_by_name_delete_from_the_list_and_find_it_under_destroyed(
         ServiceLifecycle.DESTROYED
     )
 
-    page.get_by_role("link", name="Destroyed", exact=True).click()
+    follow(page, page.get_by_role("link", name="Destroyed", exact=True))
     page.get_by_label("Value").fill("small")
     page.get_by_role("button", name="Filter").click()
     expect(rows).to_have_count(1)

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.nexus.factories import make_pool, make_target, make_user
-from tests.support.browser import PASSWORD, sign_in
+from tests.support.browser import PASSWORD, follow, sign_in
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 from tests.support.simulator import running_simulator
@@ -45,7 +45,7 @@ def test_issue_call_with_the_snippet_see_usage_revoke_and_be_refused(
     sign_in(page, nexus, "/tokens/")
     expect(page.get_by_text("No tokens yet")).to_be_visible()
 
-    page.locator("#tokens-table").get_by_role("link", name="Issue token").click()
+    follow(page, page.locator("#tokens-table").get_by_role("link", name="Issue token"))
     page.get_by_label("Name").fill("support-bot")
     page.get_by_label("chat").check()
     page.get_by_label("Requests per minute").fill("60")

@@ -9,7 +9,7 @@ from re import Pattern
 from typing import TypeVar
 
 from django.db import connection
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from tests.support.live import LiveServer
 
@@ -43,6 +43,12 @@ def arrive(page: Page, url: str | Pattern[str], *, timeout: float | None = None)
     """
     expect(page).to_have_url(url, timeout=timeout)
     page.wait_for_load_state("load")
+
+
+def follow(page: Page, link: Locator) -> None:
+    """Click a link to another page and wait until that page has loaded (see `arrive`)."""
+    with page.expect_navigation():
+        link.click()
 
 
 def sign_in(page: Page, nexus: LiveServer, path: str, *, username: str = "owner") -> None:
