@@ -371,8 +371,13 @@ def test_stopping_during_a_run_command_stops_the_runner_and_the_command(
         client, [action("run_command", command=["sh", "-c", "echo slow; exec sleep 60"])]
     )
     wait_for_log(client, process["id"], "slow")
-    sleeper = next(
-        child for child in psutil.Process(process["pid"]).children() if child.name() == "sleep"
+    # The shell has written "slow" and may not have exec'd sleep yet (seen in a CI rehearsal).
+    sleeper = wait_until(
+        lambda: next(
+            (c for c in psutil.Process(process["pid"]).children() if c.name() == "sleep"), None
+        ),
+        timeout_s=WAIT_S,
+        what="the run_command's shell never became sleep",
     )
 
     stopped = client.delete(f"/agent/v1/processes/{process['id']}", params={"grace": 5}).json()
