@@ -287,18 +287,7 @@ class Router:
         woken = False
         while True:
             now = time.monotonic()
-            facts = flight.facts
-            if (
-                (not woken or flight.woken_by == WOKEN_IN_ORDER)
-                and not exclude
-                and flight.sticky_wait is None
-                and (facts.sticky_target_id is not None or facts.prefix_target_id is not None)
-                and pool.policy.strategy == Strategy.SMART
-            ):
-                # A first decision (not a retry), or one woken in fair order for a slot on
-                # another target than its conversation's, may get the verdict to wait a bounded
-                # time for its full sticky target instead (balancer.sticky).
-                facts = replace(facts, may_wait_s=min(MAX_WAIT_S, flight.deadline - now))
+            facts = _facts_now(flight, pool, woken=woken, retried=bool(exclude), now=now)
             decision = state.decide(pool, facts, frozenset(exclude), now)
             if flight.sticky_wait is not None:
                 decision = after_wait(decision, flight.sticky_wait, flight.sticky_waited_s)
@@ -720,6 +709,27 @@ async def arrived_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
     with map_aiohttp_exceptions():  # the same httpx errors as aiter_raw raises
         while chunk := await content.readany():
             yield chunk
+
+
+def _facts_now(
+    flight: Flight, pool: PoolEntry, *, woken: bool, retried: bool, now: float
+) -> RequestFacts:
+    """Return the facts to decide the request on now.
+
+    A first decision (not a retry), or one woken in fair order for a slot on another target
+    than its conversation's, in a Smart pool, may get the verdict to wait a bounded time for its
+    full sticky target instead (balancer.sticky): its facts say how long it may wait.
+    """
+    facts = flight.facts
+    if (
+        (not woken or flight.woken_by == WOKEN_IN_ORDER)
+        and not retried
+        and flight.sticky_wait is None
+        and (facts.sticky_target_id is not None or facts.prefix_target_id is not None)
+        and pool.policy.strategy == Strategy.SMART
+    ):
+        return replace(facts, may_wait_s=min(MAX_WAIT_S, flight.deadline - now))
+    return facts
 
 
 def _upstream_request(flight: Flight, target: TargetEntry) -> httpx.Request:

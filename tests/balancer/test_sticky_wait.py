@@ -30,6 +30,7 @@ from pools.balancer.sticky import (
     sticky_wait,
 )
 from pools.balancer.strategies import decide
+from tests.balancer import target
 from tests.support.properties import examples
 
 SMART = PoolPolicy("smart")
@@ -46,19 +47,15 @@ def view(
     service_s: float | None = None,
     **fields: object,
 ) -> TargetView:
-    return TargetView(
-        id=target_id,
-        name=f"t{target_id}",
-        priority=1,
+    """Return the shared builder's target with the timings a sticky wait predicts from."""
+    return target(
+        target_id,
         capacity=capacity,
-        position=target_id,
-        kinds=frozenset({"chat"}),
-        model_id="m",
         in_flight=in_flight,
         ttft_s=ttft_s,
         tpot_s=tpot_s,
         service_s=service_s,
-        **fields,  # type: ignore[arg-type]
+        **fields,
     )
 
 
