@@ -112,8 +112,17 @@ def worst(severities: Any) -> Severity:
 # -- judging (pure) ---------------------------------------------------------------------------
 
 
-def capacity_check(capacity: int, concurrency: int | None, source: str) -> Check:
+def capacity_check(
+    capacity: int, concurrency: int | None, source: str, *, on_node: bool = False
+) -> Check:
     """Compare a target's capacity with what its runtime runs at once."""
+    if concurrency is None and on_node:
+        # Not asked (see gather): the agent's URL answers for all the node's runtimes.
+        return Check(
+            "capacity", Severity.INFO,
+            f"Capacity {capacity}; a node's agent answers for several runtimes and does not say "
+            "how many requests one runs at once: keep it at most what this one runs.",
+        )  # fmt: skip
     if concurrency is None:
         return Check(
             "capacity", Severity.INFO,
@@ -170,7 +179,12 @@ def target_checks(target: Target, facts: TargetFacts, *, probed: bool) -> list[C
                   "one-token probe to check each).")
         )  # fmt: skip
     checks.append(
-        capacity_check(target.capacity_weight, facts.concurrency, facts.concurrency_source)
+        capacity_check(
+            target.capacity_weight,
+            facts.concurrency,
+            facts.concurrency_source,
+            on_node=target.node_id is not None,
+        )
     )
     return sorted(checks, key=lambda check: -ORDER.index(check.severity))
 

@@ -41,7 +41,12 @@ NAVIGATION: tuple[tuple[str, tuple[Item, ...]], ...] = (
     (
         "Serving",
         (
-            Item("Services", "serving:service_list", ("serving:service", "serving:route")),
+            Item(
+                "Services",
+                "serving:service_list",
+                # A service's own pages: its routes, autoscaling rules and scale events.
+                ("serving:service", "serving:route", "serving:autoscaling", "serving:scale"),
+            ),
             Item("Model store", "store:list"),
             Item("Model folders", "serving:model_folder_list", ("serving:model_",)),
             Item("Resource groups", "serving:resource_group_list", ("serving:resource_group",)),

@@ -68,6 +68,16 @@ def test_a_target_within_its_engines_concurrency_passes(engine: Simulator) -> No
     )  # fmt: skip
 
 
+def test_a_capacity_not_known_says_why_for_a_node_and_for_a_runtime_or_provider() -> None:
+    on_node = validation.capacity_check(4, None, "", on_node=True)
+    elsewhere = validation.capacity_check(4, None, "")
+
+    assert on_node.severity == elsewhere.severity == Severity.INFO
+    assert "a node's agent answers for several runtimes" in on_node.detail
+    assert "provider endpoint" not in on_node.detail
+    assert "(a provider endpoint, or a runtime without a way to ask)" in elsewhere.detail
+
+
 def test_the_one_token_probe_checks_each_kind_only_when_asked(engine: Simulator) -> None:
     pool = make_pool("chat")
     make_target(pool, "sim", base_url=engine.base_url, model_id="demo-8b", kinds=["chat"])

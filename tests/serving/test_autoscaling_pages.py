@@ -301,3 +301,11 @@ def test_a_viewer_may_not_set_scale_to_zero(member: Client, chat: Service) -> No
     assert member.post(SCALE_TO_ZERO, {"scale_to_zero_after_s": "60"}).status_code == 403
     chat.refresh_from_db()
     assert chat.scale_to_zero_after_s is None
+
+
+def test_the_rule_editor_is_in_the_services_area_of_the_navigation(
+    staff: Client, chat: Service
+) -> None:
+    page = staff.get(NEW).content.decode()
+
+    assert '<a href="/serving/services/" aria-current="page">Services</a>' in page
