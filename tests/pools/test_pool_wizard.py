@@ -109,6 +109,19 @@ def test_a_taken_slug_is_refused_as_typed_and_on_next(operator: Client) -> None:
     assert "Pool with this Slug already exists." in field_group(response.content.decode(), "slug")
 
 
+def test_the_slug_check_sits_under_the_slug_and_a_refusal_on_next_is_said_once(
+    operator: Client,
+) -> None:
+    make_pool("chat")
+    draft_id = start(operator)
+
+    page = operator.get(url(draft_id, "name")).content.decode()
+    refused = operator.post(url(draft_id, "name"), NAME).content.decode()
+
+    assert 'id="slug-check"' in field_group(page, "slug")
+    assert refused.count("Pool with this Slug already exists.") == 1
+
+
 def test_back_keeps_what_was_entered(operator: Client) -> None:
     draft_id = start(operator)
     operator.post(url(draft_id, "name"), {**NAME, "description": "Support bot"})
