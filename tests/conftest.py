@@ -30,11 +30,6 @@ TESTS_ROOT = Path(__file__).parent
 # Seconds a test may take, by tier (pyproject's `timeout` is the unit tests'): generous, since
 # they run beside each other on two cores; a test that needs more says so with its own marker.
 TIMEOUT_S = {"live": 180, "e2e": 180, "system": 900}
-# Tiers whose failing test runs once more before it fails the run: they race real processes,
-# browsers and the clock on a shared CPU. The log lists each rerun with the first failure's
-# traceback (--rerun-show-tracebacks): a flake is still seen and fixed, not hidden. Unit tests
-# get no second chance.
-RERUN_TIERS = ("live", "e2e", "system")
 _unit_guard: UnitGuard | None = None
 
 
@@ -75,8 +70,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(tier)
         if tier in TIMEOUT_S and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(TIMEOUT_S[tier]))
-        if tier in RERUN_TIERS and not item.get_closest_marker("flaky"):
-            item.add_marker(pytest.mark.flaky(reruns=1))
         if tier not in TIERS:
             untiered.append(f"{item.nodeid}: no tier")
         if _shares_a_world(item):
