@@ -88,7 +88,7 @@ def test_add_a_prometheus_rule_from_a_preset_see_its_value_and_a_scale_event(
     rules.get_by_role("link", name="Add rules").first.click()
     arrive(page, f"{nexus.url}{NEW_RULE}")
     expect(page.get_by_role("heading", name="Add autoscaling rule")).to_be_visible()
-    page.get_by_label("Prometheus").check()
+    page.get_by_role("radio", name="Prometheus").check()
     preset = page.get_by_label("Metric name (Prometheus preset)")
     expect(preset).to_be_visible()
     preset.select_option(label="vLLM: requests waiting")
@@ -149,6 +149,6 @@ def test_a_preset_chosen_the_moment_the_form_is_redrawn_still_fills_the_query(
             preset.dispatchEvent(new Event("change", {bubbles: true}));
         }, 0), {once: true})"""
     )
-    page.get_by_label("Prometheus").check()
+    page.get_by_role("radio", name="Prometheus").check()
 
     expect(page.get_by_label("Query")).to_have_value(PRESET_QUERY)
