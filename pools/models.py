@@ -50,6 +50,10 @@ def all_request_kinds() -> list[str]:
     return [kind.value for kind in RequestKind]
 
 
+# Said beside the slug in the forms and the API when another pool has it.
+SLUG_TAKEN = "Another pool already has this slug: apps call each pool by its own @pool/<slug>."
+
+
 class Pool(ConfigInput):
     """A stable model address backed by compatible targets."""
 
@@ -62,7 +66,12 @@ class Pool(ConfigInput):
     objects = ConfigInputQuerySet.as_manager()
 
     name = models.CharField(max_length=100)
-    slug = models.SlugField(max_length=64, unique=True, help_text="Fixed once created.")
+    slug = models.SlugField(
+        max_length=64,
+        unique=True,
+        help_text="Fixed once created.",
+        error_messages={"unique": SLUG_TAKEN},
+    )
     project = models.ForeignKey(
         Project,
         on_delete=models.PROTECT,

@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from nexus.models import ApiToken, Project, Role
 from nexus.scopes import TokenKind
 from pools.api.serializers import SLUG_IMMUTABLE
-from pools.models import Pool, Target
+from pools.models import SLUG_TAKEN, Pool, Target
 from tests.nexus.factories import make_pool, make_target, make_user
 from tests.support.personas import add_member, signed_in
 
@@ -81,6 +81,18 @@ def test_a_pools_slug_cannot_change(owner: APIClient) -> None:
     assert response.status_code == 400
     assert response.json() == {"slug": [SLUG_IMMUTABLE]}
     assert Pool.objects.get().slug == "chat"
+
+
+def test_a_taken_slug_is_refused_saying_that_apps_call_each_pool_by_its_own(
+    owner: APIClient,
+) -> None:
+    make_pool("chat")
+
+    response = owner.post("/api/v1/pools/", {"slug": "chat", "name": "Chat"}, format="json")
+
+    assert response.status_code == 400
+    assert response.json() == {"slug": [SLUG_TAKEN]}
+    assert Pool.objects.count() == 1
 
 
 def test_a_pool_may_be_replaced_with_its_own_slug(owner: APIClient) -> None:
