@@ -36,7 +36,10 @@ tenants with long shared system prompts, 32 sessions of 6 turns each sent as soo
 turn ended, engines of 8/8/4 slots at 8/16/32 ms per token, then an under-loaded run (16
 sessions) of Smart and Least busy. It prints tokens/s, TTFT p50/p90/p99, the prefix-cache hit
 rate, the share of turns on the previous turn's engine and the sessions whose mean TTFT is over
-2 s, per strategy.
+2 s, per strategy. `tok/s` is over the whole run; `all on` over the part while all the sessions
+were still running (from the first turn to the first session's end), the rate to compare with
+the fleet's ceiling: after it the loop thins out, sessions ending `tail` seconds apart with the
+last ones alone on the fleet, and no routing choice refills the idle slots.
 """
 
 from __future__ import annotations
@@ -144,6 +147,7 @@ class Turn:
     tokens: int
     done_at: float
     error: str = ""
+    started: float = 0.0  # when it was sent (perf_counter, as done_at)
 
 
 @dataclass
@@ -269,7 +273,8 @@ class Load:
         except (TimeoutError, aiohttp.ClientError) as exc:
             error = type(exc).__name__
         ttft = first - started if first is not None else None
-        return Turn(target, ttft, len(parts), time.perf_counter(), error), "".join(parts)
+        turn = Turn(target, ttft, len(parts), time.perf_counter(), error, started)
+        return turn, "".join(parts)
 
     async def user(
         self,
@@ -557,6 +562,35 @@ class ClosedPhase:
         ]
         return sum(a == b for a, b in pairs) / max(1, len(pairs))
 
+    def all_active_tokens_per_s(self) -> float:
+        """Return tokens/s while every session was still running: from the first turn sent to
+        the first session's end.
+
+        After that the loop thins out (sessions end seconds apart, the last ones alone on the
+        fleet), which no routing choice refills; this is the rate the fleet's ceiling compares
+        with. Each turn's tokens count in proportion to its decode time inside that window.
+        """
+        sessions = [session for session in self.sessions if session]
+        if not sessions:
+            return 0.0
+        start = min(session[0].started for session in sessions)
+        end = min(session[-1].done_at for session in sessions)
+        tokens = 0.0
+        for turn in self.turns:
+            if turn.error or turn.ttft_s is None:
+                continue
+            first = turn.started + turn.ttft_s
+            span = turn.done_at - first
+            inside = min(turn.done_at, end) - max(first, start)
+            if inside > 0:
+                tokens += turn.tokens * (inside / span if span > 0 else 1.0)
+        return tokens / max(end - start, 1e-9)
+
+    def ends_spread_s(self) -> float:
+        """Return the time from the first session's end to the last's: the thinning tail."""
+        ends = [session[-1].done_at for session in self.sessions if session]
+        return max(ends) - min(ends) if ends else 0.0
+
     def slow_sessions(self) -> int:
         """Return how many sessions had a mean TTFT over 2 s."""
         slow = 0
@@ -674,8 +708,9 @@ def closed_history(phase: ClosedPhase, pool_slug: str, since: float) -> None:
 def closed_report(loaded: list[ClosedPhase], light: list[ClosedPhase]) -> None:
     """Print the table per strategy, Smart's bars and its ratios to the others."""
     print(
-        f"{'strategy':<12}{'turns':>6}{'err':>5}{'tok/s':>7}{'p50 TTFT':>10}{'p90 TTFT':>10}"
-        f"{'p99 TTFT':>10}{'mean lat':>10}{'cache':>7}{'same eng':>9}{'>2s sess':>9}"
+        f"{'strategy':<12}{'turns':>6}{'err':>5}{'tok/s':>7}{'all on':>7}{'p50 TTFT':>10}"
+        f"{'p90 TTFT':>10}"
+        f"{'p99 TTFT':>10}{'mean lat':>10}{'cache':>7}{'same eng':>9}{'>2s sess':>9}{'tail':>8}"
     )
     for phase in loaded + light:
         turns = phase.turns
@@ -685,10 +720,10 @@ def closed_report(loaded: list[ClosedPhase], light: list[ClosedPhase]) -> None:
         name = phase.strategy + ("" if phase in loaded else " (16)")
         print(
             f"{name:<12}{len(turns):>6}{len(turns) - len(ok):>5}"
-            f"{tokens / max(phase.seconds, 1e-9):>7.0f}"
+            f"{tokens / max(phase.seconds, 1e-9):>7.0f}{phase.all_active_tokens_per_s():>7.0f}"
             f"{phase.ttft_ms(0.5):>8.0f}ms{phase.ttft_ms(0.9):>8.0f}ms{phase.ttft_ms(0.99):>8.0f}ms"
             f"{mean * 1000:>8.0f}ms{phase.cache_hit:>7.0%}{phase.same_engine():>9.0%}"
-            f"{phase.slow_sessions():>9}"
+            f"{phase.slow_sessions():>9}{phase.ends_spread_s():>7.1f}s"
         )
     for phase in loaded:
         if phase.strategy == "smart":
@@ -709,6 +744,10 @@ def closed_main(strategies: tuple[str, ...]) -> None:
     """Run the closed-loop scenario for every strategy, then the under-loaded one."""
     os.sched_setaffinity(0, OTHER_CPU)
     print("balancing quality, closed loop: 8 tenants, 32 sessions of 6 turns, back to back")
+    ceiling = sum(
+        engine.concurrency / (engine.tpot_ms / 1000 * (1 + SLOWDOWN)) for engine in CLOSED_FLEET
+    )
+    print(f"  the fleet's ceiling: {ceiling:,.0f} tok/s (every slot decoding, prompts free)")
     for engine in CLOSED_FLEET:
         print(
             f"  engine {engine.name:<7} ttft {engine.ttft_ms:>4.0f} ms  tpot "
