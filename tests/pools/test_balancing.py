@@ -779,21 +779,22 @@ def test_a_slot_freed_on_a_conversations_target_goes_to_it_before_an_earlier_wai
     home = turn(world, "wake-affinity", 1, headers=session).target
     assert home is not None
     with ThreadPoolExecutor(max_workers=4) as executor:
-        # The conversation's own target is busy for 1.2 s, the other for 4 s: both waiters are
-        # queued well before the first slot frees, even on a loaded machine.
+        # The conversation's own target is busy for 2 s, the other for 4 s: both waiters are
+        # queued well before the first slot frees, even on a loaded machine (with 1.2 s, a run
+        # saw the conversation woken in fair order: it was not behind the earlier waiter then).
         started = threading.Event()
         short = executor.submit(
             world.chat,
             "wake-affinity",
             headers=session,
-            max_tokens=60,
+            max_tokens=100,
             stream=True,
             started=started,
         )
         wait_until(started.is_set, timeout_s=5)
         long = hold_slot(executor, world, "wake-affinity", tokens=200)
         earlier = executor.submit(world.chat, "wake-affinity", content="Something else")
-        time.sleep(0.1)  # the earlier waiter is first in line
+        time.sleep(0.3)  # the earlier waiter is first in line
         later = executor.submit(turn, world, "wake-affinity", 2, headers=session)
 
         conversation, first_in_line = later.result(), earlier.result()
