@@ -347,6 +347,13 @@ class PoolNameForm(PoolCreateForm):
     class Meta(PoolCreateForm.Meta):
         fields = ["name", "slug", "project", "description"]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Rendered with its as-you-type check in its field group, under its help. Field's
+        # template_name (Django 5.0) is not in django-stubs yet.
+        slug = self.fields["slug"]
+        slug.template_name = "pools/wizard_slug_field.html"  # type: ignore[attr-defined]
+
 
 class CompatibilityForm(forms.Form):
     """The wizard's compatibility step: one mode, each with the document's caveat."""
