@@ -20,7 +20,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from daphne.server import Server  # noqa: E402
 
-from nexus import graceful, upload_guard  # noqa: E402
+from nexus import eager_writes, graceful, upload_guard  # noqa: E402
 from nexus.routing import websocket_urlpatterns  # noqa: E402
 from nexus.websockets import SameOriginOnly  # noqa: E402
 from pools.gateway import limits  # noqa: E402
@@ -46,6 +46,8 @@ graceful.install_in_daphne(gateway.shutdown)
 # Every request is judged from its headers before any work, under daphne as under uvicorn.
 limits.install_in_daphne(gateway)
 limits.install_in_uvicorn()
+# A streamed chunk leaves when it is written, not a reactor turn later (as under uvicorn).
+eager_writes.install_in_daphne()
 
 
 async def http_router(scope: dict[str, Any], receive: Receive, send: Send) -> None:

@@ -380,3 +380,59 @@ def test_a_body_that_keeps_arriving_slowly_is_not_cut_off(stack: Stack) -> None:
 
     assert status == 200, answer
     assert json.loads(answer)["choices"][0]["message"]["content"]
+
+
+def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(stack: Stack) -> None:
+    # Several MiB of stream to a client that reads nothing for a second through a 4 KiB window:
+    # the server's socket buffer fills, so its writes go both straight out and through its own
+    # buffer (nexus.eager_writes under daphne), and the bytes must still come in order.
+    body = chat_body(stack.pool, max_tokens=30_000, seed=7)
+    answer = send(f"{stack.server.url}/v1/chat/completions", stack.token, body, timeout_s=30)
+    assert answer.status == 200, answer.content
+    expected = json.loads(answer.content)["choices"][0]["message"]["content"]
+    payload = json.dumps({**body, "stream": True}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(EXCHANGE_TIMEOUT_S)
+    sock.connect(("127.0.0.1", stack.server.port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"Authorization: Bearer " + stack.token.encode() + b"\r\n"
+        b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+    )
+    time.sleep(1.0)
+    received = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        received.append(piece)
+    sock.close()
+    head, _, chunked = b"".join(received).partition(b"\r\n\r\n")
+
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    events = dechunk(chunked).decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""], events[-3:]
+    deltas = [json.loads(event[len("data: ") :])["choices"] for event in events[:-2]]
+    streamed = "".join(c[0]["delta"].get("content") or "" for c in deltas if c)
+    assert len(streamed) > 4 * MIB // 30  # several MiB of events, not a short answer
+    assert streamed == expected
+
+
+def dechunk(body: bytes) -> bytes:
+    """Return the payload of a chunked HTTP body, checking every chunk's framing."""
+    payload = []
+    position = 0
+    while True:
+        size_line, _, _ = body[position:].partition(b"\r\n")
+        size = int(size_line, 16)
+        start = position + len(size_line) + 2
+        assert body[start + size : start + size + 2] == b"\r\n", f"bad framing at {start + size}"
+        if size == 0:
+            assert start + 2 == len(body), "bytes after the last chunk"
+            return b"".join(payload)
+        payload.append(body[start : start + size])
+        position = start + size + 2
