@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
+from pytest_django.fixtures import Settings
 
 from nexus import upstream
 from pools.gateway.flight import arrived_chunks
@@ -94,3 +96,34 @@ async def test_events_written_apart_go_out_one_by_one_as_they_come() -> None:
 
     # Nothing is held back for company: each event is sent as soon as it arrives.
     assert pieces == EVENTS
+
+
+async def test_the_read_timeout_counts_from_the_last_byte(settings: Settings) -> None:
+    # nexus.upstream moves aiohttp's read deadline with each read instead of a timer per read:
+    # a stream that keeps talking for longer than the timeout is not cut, and one that stops is
+    # cut the timeout after its last byte.
+    settings.NEXUS_UPSTREAM_READ_TIMEOUT_S = 0.4
+    last_write: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def talk_then_stall(writer: asyncio.StreamWriter) -> None:
+        for _ in range(8):  # 8 × 0.15 s: three times the read timeout
+            writer.write(http_chunk(EVENTS[0]))
+            await writer.drain()
+            last_write.append(loop.time())
+            await asyncio.sleep(0.15)
+        await asyncio.sleep(5)
+
+    pieces: list[bytes] = []
+    async with event_server(talk_then_stall) as url:
+        response = await upstream.get().send(httpx.Request("POST", url, content=b"{}"))
+        try:
+            with pytest.raises(httpx.ReadTimeout):
+                async for piece in arrived_chunks(response):
+                    pieces.append(piece)
+            timed_out = loop.time()
+        finally:
+            await response.aclose()
+
+    assert b"".join(pieces) == EVENTS[0] * 8
+    assert 0.4 <= timed_out - last_write[-1] < 0.4 + 0.25
