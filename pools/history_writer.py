@@ -41,9 +41,10 @@ log = logging.getLogger(__name__)
 
 GROUP = "writers"
 # Stream entries (each a batch of up to 100 records) read per round trip, and how long a read
-# waits for new ones.
+# waits for new ones: also how long a stop (SIGTERM) may wait before the writer sees it, since
+# Python runs the handler only when the read returns. Five idle reads a second cost nothing.
 READ_COUNT = 10
-BLOCK_MS = 1000
+BLOCK_MS = 200
 # Another writer's pending entries are taken over once idle this long (it died mid-batch).
 CLAIM_IDLE_MS = 60_000
 CLAIM_EVERY_S = 10.0

@@ -88,6 +88,16 @@ def running_history_writer(
     tmp_dir: Path, consumer: str = "writer-tests", **extra_env: str
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run the history writer until the block ends; stopping it writes what is on the stream."""
+    with _history_writer(tmp_dir, consumer, **extra_env) as (process, log_path):
+        _wait_for_writer(process, log_path)
+        yield process
+
+
+@contextmanager
+def _history_writer(
+    tmp_dir: Path, consumer: str, **extra_env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """Start the history writer (not waiting for it); stop it when the block ends."""
     # A log per run: a restarted writer's readiness is read from its own.
     log_path = tmp_dir / f"history-writer-{consumer}-{uuid.uuid4().hex[:6]}.log"
     with log_path.open("wb") as log:
@@ -99,13 +109,14 @@ def running_history_writer(
             stderr=subprocess.STDOUT,
         )
     try:
-        # Ready once its signal handlers are in place: a stop from then on writes what is left.
-        wait_until(
-            lambda: _writer_started(process, log_path), timeout_s=30, what=log_path.read_text
-        )
-        yield process
+        yield process, log_path
     finally:
         processes.stop(process, timeout_s=20)
+
+
+def _wait_for_writer(process: subprocess.Popen[bytes], log_path: Path) -> None:
+    # Ready once its signal handlers are in place: a stop from then on writes what is left.
+    wait_until(lambda: _writer_started(process, log_path), timeout_s=30, what=log_path.read_text)
 
 
 def _writer_started(process: subprocess.Popen[bytes], log_path: Path) -> bool:
@@ -130,13 +141,18 @@ def server_argv(server: str, port: int) -> list[str]:
 
 @contextmanager
 def running_nexus(tmp_dir: Path, server: str = "daphne", **extra_env: str) -> Iterator[LiveServer]:
-    """Run daphne (or uvicorn) with Nexus's ASGI app, and a history writer, until the block ends;
-    the server stops first (shipping its last records), then the writer (writing them)."""
+    """Run daphne (or uvicorn) with Nexus's ASGI app, and a history writer, until the block ends.
+
+    Both start at once (each takes about a second to import Nexus); the server stops first
+    (shipping its last records), then the writer (writing them).
+    """
     port = free_port()
     with (
-        running_history_writer(tmp_dir, f"writer-{port}", **extra_env),
-        running_web_server(tmp_dir, server, port, **extra_env) as live,
+        _history_writer(tmp_dir, f"writer-{port}", **extra_env) as (writer, writer_log),
+        _web_server(tmp_dir, server, port, **extra_env) as live,
     ):
+        _wait_for_writer(writer, writer_log)
+        _wait_for_server(live)
         yield live
 
 
@@ -145,7 +161,14 @@ def running_web_server(
     tmp_dir: Path, server: str = "daphne", port: int | None = None, **extra_env: str
 ) -> Iterator[LiveServer]:
     """Run the web server alone (no history writer: its records wait on the stream)."""
-    port = port or free_port()
+    with _web_server(tmp_dir, server, port or free_port(), **extra_env) as live:
+        _wait_for_server(live)
+        yield live
+
+
+@contextmanager
+def _web_server(tmp_dir: Path, server: str, port: int, **extra_env: str) -> Iterator[LiveServer]:
+    """Start the web server (not waiting for it); stop it when the block ends."""
     log_path = tmp_dir / f"{server}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -155,12 +178,15 @@ def running_web_server(
             stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
-    server = LiveServer(port=port, process=process, log_path=log_path)
+    live = LiveServer(port=port, process=process, log_path=log_path)
     try:
-        wait_until(lambda: _answers(server), timeout_s=30, what=lambda: server.log())
-        yield server
+        yield live
     finally:
-        server.stop()
+        live.stop()
+
+
+def _wait_for_server(server: LiveServer) -> None:
+    wait_until(lambda: _answers(server), timeout_s=30, what=lambda: server.log())
 
 
 def _answers(server: LiveServer) -> bool:
