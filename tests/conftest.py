@@ -54,6 +54,9 @@ def _shared_services() -> list[tuple[str, int]]:
     return addresses
 
 
+# First: pytest-xdist's own hook (registered after this conftest, so otherwise called before it)
+# reads the `xdist_group` markers given here into the node ids it schedules by.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every test its tier (unless it names one) and its tier's time limit."""
     classifier = Classifier()
@@ -105,6 +108,18 @@ def _shares_a_world(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     assert _unit_guard is not None
+    # xdist's workers see `loadgroup`; a grouped test must carry its group in its node id, or
+    # the scheduler splits its module, whose servers then start on every worker.
+    if (
+        item.config.getvalue("loadgroup")
+        and item.get_closest_marker("xdist_group")
+        and "@" not in item.nodeid
+    ):
+        pytest.fail(
+            "pytest-xdist did not put this test's group in its node id: its module's servers "
+            "would start on every worker (see the pytest pin in pyproject.toml).",
+            pytrace=False,
+        )
     _unit_guard.seen.clear()
     _unit_guard.active = item.get_closest_marker("unit") is not None
 
