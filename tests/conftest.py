@@ -12,8 +12,10 @@ from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connection
 from pytest_django.fixtures import Settings
+from pytest_django.plugin import blocking_manager_key
 from rest_framework.test import APIClient
 
 from nexus import embedded_redis
@@ -140,6 +142,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
                 "tests/support/tiers.py's LIVE_NAMES."
             )
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a module's shared world is torn down, empty the test database as TransactionTestCase
+    does: a world commits its rows, and one it forgets (a token, a login session) would be seen
+    by the worker's later tests, which count rows, depending on which modules ran before."""
+    result = yield
+    last_of_module = nextitem is None or nextitem.path != item.path
+    # Only ever the test database: a module whose tests never asked for one still names the
+    # configured database here.
+    if (
+        last_of_module
+        and _shares_a_world(item)
+        and connection.settings_dict["NAME"] != _CONFIGURED_DB_NAME
+    ):
+        with item.config.stash[blocking_manager_key].unblock():
+            call_command("flush", verbosity=0, interactive=False, reset_sequences=False)
+    return result
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

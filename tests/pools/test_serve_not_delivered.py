@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from nexus.models import ApiToken
 from pools.models import Pool, Strategy, Target
 from serving.models import Service
 from tests.deployments.factories import make_node
@@ -123,6 +124,7 @@ def world(committed_db, django_db_blocker, tmp_path_factory) -> Iterator[World]:
                 with django_db_blocker.unblock():
                     Service.objects.all().delete()
                     Pool.objects.all().delete()
+                    ApiToken.objects.filter(name__in=["replicas caller", "hosted caller"]).delete()
                     node.delete()
     finally:
         for server in liars:
