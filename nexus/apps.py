@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class NexusConfig(AppConfig):
@@ -11,5 +12,7 @@ class NexusConfig(AppConfig):
 
     def ready(self) -> None:
         from nexus import checks, signals  # noqa: F401  (registers checks)
+        from nexus.models import create_default_project
 
         signals.connect_config_inputs()
+        post_migrate.connect(create_default_project, sender=self)

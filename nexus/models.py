@@ -66,7 +66,13 @@ class Project(models.Model):
 
 def default_project_pk() -> int:
     """Return the default project's key, creating the project on first use."""
-    return Project.objects.get_or_create(name=DEFAULT_PROJECT)[0].pk
+    return create_default_project().pk
+
+
+def create_default_project(using: str = "default", **kwargs: Any) -> Project:
+    """Return the default project, created where missing: also after every migrate (a
+    post_migrate receiver), so a flushed database (tests, `flush`) has it again at once."""
+    return Project.objects.using(using).get_or_create(name=DEFAULT_PROJECT)[0]
 
 
 def project_named(name: str) -> Project | None:
