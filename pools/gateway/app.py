@@ -126,6 +126,9 @@ class Gateway:
 
     async def aclose(self) -> None:
         """Stop background work and write buffered history (at shutdown, and in tests)."""
+        global _serving
+        if _serving is self:  # /healthz no longer reports a gateway that stopped serving
+            _serving = None
         if self._state is not None:
             await self._state.aclose()
         await self.registry.aclose()
