@@ -77,8 +77,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(TIMEOUT_S[tier]))
         if tier not in TIERS:
             untiered.append(f"{item.nodeid}: no tier")
-        if _shares_a_world(item):
-            # `--dist loadgroup` keeps the module on one xdist worker: its servers start once.
+    # `--dist loadgroup` keeps a module whose tests share a world on one xdist worker, all its
+    # tests in one run: its servers start once, and its module-level teardown (a client closed,
+    # the database emptied) comes after its last test, not before some of them.
+    sharing = {item.path for item in items if _shares_a_world(item)}
+    for item in items:
+        if item.path in sharing:
             item.add_marker(pytest.mark.xdist_group(item.path.relative_to(TESTS_ROOT).as_posix()))
     if untiered:
         raise pytest.UsageError("Tests without exactly one tier:\n" + "\n".join(untiered))
@@ -155,7 +159,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     # configured database here.
     if (
         last_of_module
-        and _shares_a_world(item)
+        and item.get_closest_marker("xdist_group")
         and connection.settings_dict["NAME"] != _CONFIGURED_DB_NAME
     ):
         with item.config.stash[blocking_manager_key].unblock():
