@@ -114,10 +114,10 @@ def _shares_a_world(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     assert _unit_guard is not None
-    # xdist's workers see `loadgroup`; a grouped test must carry its group in its node id, or
-    # the scheduler splits its module, whose servers then start on every worker.
+    # Set on xdist's workers under `--dist loadgroup`: a grouped test must carry its group in its
+    # node id, or the scheduler splits its module, whose servers then start on every worker.
     if (
-        item.config.getvalue("loadgroup")
+        getattr(item.config.option, "loadgroup", False)
         and item.get_closest_marker("xdist_group")
         and "@" not in item.nodeid
     ):
