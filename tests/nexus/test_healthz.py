@@ -1,4 +1,7 @@
-"""GET /healthz names the state of the database, Redis and the Celery worker."""
+"""GET /healthz names the state of the database, Redis and the Celery worker.
+
+In a process where no gateway serves: a gateway adds its own part (tests/reliability's Redis
+outage test reads it from a live server)."""
 
 from __future__ import annotations
 
@@ -6,11 +9,19 @@ import pytest
 from django.test import Client
 
 from nexus import services, tasks
+from pools.gateway import app as gateway_app
 
 
 @pytest.fixture(autouse=True)
 def no_heartbeat() -> None:
     services.redis_client().delete(services.heartbeat_key())
+
+
+@pytest.fixture(autouse=True)
+def no_gateway_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An earlier test on this worker may have left its in-process gateway serving, its Redis
+    # listener gone with that test's event loop: its part would read "degraded".
+    monkeypatch.setattr(gateway_app, "_serving", None)
 
 
 @pytest.mark.django_db
