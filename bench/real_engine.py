@@ -58,7 +58,7 @@ def llama_argv(port: int, gguf: Path) -> list[str]:
     return [
         sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
         "--model_alias", SMOLLM2_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--n_threads", "1", "--n_ctx", "1024",
+        "--n_threads", "1", "--n_ctx", "1024", "--interrupt_requests", "false",
     ]  # fmt: skip
 
 

@@ -77,9 +77,11 @@ icon: huggingface
         - 127.0.0.1
         - --port
         - "${PORT}"
+        - --interrupt_requests
+        - "false"
       port: 8080
       health_check:
-        path: /v1/models
+        path: /openapi.json
         initial_delay: 5.0
 """,
         "service-definition.toml": f"""[llama-cpp.resource_slots]

@@ -36,6 +36,10 @@ NODE_RANK_PLACEHOLDER = "${NODE_RANK}"
 BACKEND_MODEL_NAME = "BACKEND_MODEL_NAME"
 # The simulator is Nexus's own program; the agent runs it with its own interpreter.
 SIMULATOR_MODULE = "serving.runtimes.simulator"
+# llama-cpp-python's server answers its OpenAPI document without waiting for the model.
+LLAMA_CPP_PYTHON_HEALTH_PATH = "/openapi.json"
+# The C++ llama-server's readiness route (503 while it loads the model).
+LLAMA_SERVER_HEALTH_PATH = "/health"
 _SERVED_NAME_MEANING = "the model name the API serves (default: the service's model name)"
 
 
@@ -264,6 +268,10 @@ def _llama_cpp(launch: LaunchInput) -> list[str]:
         *(launch.python, "-m", "llama_cpp.server", "--model", launch.model_path),
         *("--model_alias", launch.served_name()),
         *("--host", LOOPBACK, "--port", launch.port),
+        # By default that server ends a stream early, without its finish reason, whenever
+        # another request waits for the model (a health probe, a listing): the gateway already
+        # sends a replica one request at a time, so a request waits instead.
+        *("--interrupt_requests", "false"),
     ]
 
 
@@ -354,8 +362,10 @@ _RUNTIMES = (
         "llama-cpp",
         "llama.cpp",
         8080,
-        # llama-cpp-python's server has no /health; /v1/models answers once the model is loaded.
-        "/v1/models",
+        # llama-cpp-python's server has no /health, and its /v1/models waits for the model's
+        # lock (behind a whole generation). It loads the model before it listens, so any answer
+        # means ready: the OpenAPI document answers at once.
+        LLAMA_CPP_PYTHON_HEALTH_PATH,
         {BACKEND_MODEL_NAME: _SERVED_NAME_MEANING + "; passed as --model_alias"},
         _llama_cpp,
         # A memory-mapped GGUF file loads in seconds.

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from nodes.runtimes import PORT_PLACEHOLDER
+from nodes.runtimes import LLAMA_SERVER_HEALTH_PATH, PORT_PLACEHOLDER
 from nodes.runtimes import runtime as variant
 
 DEFAULT_MOUNT = "/models"
@@ -154,6 +154,8 @@ class _Reading:
     env: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     container: _Container | None = None
+    # The server's own health route, where its variant's is not the one it answers.
+    health_path: str | None = None
 
 
 def import_command(line: str) -> ImportedCommand:
@@ -165,6 +167,9 @@ def import_command(line: str) -> ImportedCommand:
     argv, recognised = _shell(argv, reading)
     if recognised:
         runtime, options, positional_model = _recognise(recognised)
+        if _program(recognised[0]) == "llama-server":
+            # The variant runs llama-cpp-python's server; the C++ one has a readiness route.
+            reading.health_path = LLAMA_SERVER_HEALTH_PATH
     else:
         # Only `docker run` leaves nothing to run: an image given no command, whose own command
         # is not known. Its runtime is the image's.
@@ -436,7 +441,7 @@ def _fields(
     return ImportedCommand(
         runtime=runtime,
         port=_port(runtime, values.get("port"), reading),
-        health_path=variant(runtime).health_path,
+        health_path=reading.health_path or variant(runtime).health_path,
         mount=_mount(model_path, container.volumes if container else [], reading),
         model_path=model_path,
         served_model_name=served_name,

@@ -29,7 +29,7 @@ def command(name: str, **env: str) -> list[str]:
         ("sglang", "SGLang", 9001, "/health"),
         ("nim", "NVIDIA NIM", 8000, "/v1/health/ready"),
         ("modular-max", "Modular MAX", 8000, "/health"),
-        ("llama-cpp", "llama.cpp", 8080, "/v1/models"),
+        ("llama-cpp", "llama.cpp", 8080, "/openapi.json"),
         ("custom", "Custom", 8000, "/health"),
         ("simulator", "Simulator", 9101, "/health"),
     ],
@@ -74,7 +74,7 @@ def test_an_unknown_name_is_refused_with_the_known_ones(name):
             "llama-cpp",
             [
                 *("${NEXUS_PYTHON}", "-m", "llama_cpp.server", "--model", "/models/llama"),
-                *("--model_alias", "llama", *LISTEN),
+                *("--model_alias", "llama", *LISTEN, "--interrupt_requests", "false"),
             ],
         ),
         (
@@ -149,7 +149,7 @@ SGLANG_BASE = [
             {"BACKEND_MODEL_NAME": "chat"},
             [
                 *("${NEXUS_PYTHON}", "-m", "llama_cpp.server", "--model", "/models/llama"),
-                *("--model_alias", "chat", *LISTEN),
+                *("--model_alias", "chat", *LISTEN, "--interrupt_requests", "false"),
             ],
         ),
         (

@@ -135,8 +135,9 @@ def test_the_runtime_model_path_and_served_name_are_recognised(
         ("python3 -m sglang.launch_server --model-path /m", "/health"),
         ("/opt/nim/start_server.sh", "/v1/health/ready"),
         ("max serve --model-path /m", "/health"),
-        # llama.cpp answers /v1/models whichever server it is (llama-cpp-python has no /health).
-        ("llama-server -m /m", "/v1/models"),
+        # llama-cpp-python's server has no /health; the C++ llama-server has.
+        ("python -m llama_cpp.server --model /m", "/openapi.json"),
+        ("llama-server -m /m", "/health"),
         ("./custom-server", "/health"),
     ],
 )

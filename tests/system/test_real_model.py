@@ -177,7 +177,7 @@ def test_two_llama_cpp_replicas_become_ready_on_the_local_agent(stack: Stack) ->
     assert {route.node.name for route in routes} == {NODE}
     assert spec["argv"][:4] == ["${NEXUS_PYTHON}", "-m", "llama_cpp.server", "--model"]
     assert spec["argv"][4] == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert (spec["health_check"]["path"], spec["capacity"]) == ("/v1/models", 1)
+    assert (spec["health_check"]["path"], spec["capacity"]) == ("/openapi.json", 1)
 
 
 def test_the_model_answers_through_the_pool_streamed_and_not(stack: Stack) -> None:

@@ -44,6 +44,7 @@ def test_llama_cpp_runs_its_server_module_from_its_environment() -> None:
     assert serve_argv(runtime, venv, MODEL, "demo") == [
         str(venv / "bin" / "python"),
         *("-m", "llama_cpp.server", "--model", str(MODEL), "--model_alias", "demo", *LISTEN),
+        *("--interrupt_requests", "false"),
     ]
 
 
