@@ -206,6 +206,26 @@ document.addEventListener("click", (event) => {
   if (!target.open) target.show();
 });
 
+// A live push never replaces an element that holds an open confirmation: the push would take the
+// dialog away under the operator's eyes (and click). The pushed version waits, by the element's
+// id, and replaces it once the dialog closes, cancelled or answered.
+const heldPushes = new Map();
+document.addEventListener("htmx:oobBeforeSwap", (event) => {
+  const { target, fragment } = event.detail;
+  if (!target.id || !target.querySelector("dialog:modal")) return;
+  event.detail.shouldSwap = false;
+  heldPushes.set(target.id, [...fragment.children].map((element) => element.outerHTML).join(""));
+});
+document.addEventListener("close", (event) => {
+  if (!(event.target instanceof HTMLDialogElement)) return;
+  for (const [id, html] of heldPushes) {
+    const held = document.getElementById(id);
+    if (held && !held.contains(event.target)) continue;
+    heldPushes.delete(id);
+    if (held) htmx.swap(held, html, { swapStyle: "outerHTML" });
+  }
+}, true);  // "close" does not bubble
+
 document.addEventListener("keydown", (event) => {
   if (event.key !== "Escape") return;
   for (const drawer of document.querySelectorAll("dialog.drawer[open]")) drawer.close();

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from serving import reconciler
+from serving import live, reconciler
 from serving.models import Service, ServiceLifecycle
 from tests.nexus.factories import make_user
 from tests.serving.test_services_api import make_service
@@ -74,3 +74,40 @@ def test_filter_by_name_delete_from_the_list_and_find_it_under_destroyed(
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text("chat-small")
     screenshot(page, "serving-services-destroyed")
+
+
+def test_a_push_onto_a_row_with_its_delete_dialog_open_waits_until_the_dialog_closes(
+    nexus: LiveServer, page: Page
+) -> None:
+    sign_in(page, nexus, "/serving/services/")
+    expect(page.locator("[data-live-status]")).to_have_attribute("data-live-status", "open")
+    service = committed(lambda: Service.objects.get(name="chat-small"))
+    row_id = f"service-{service.pk}"
+    row = page.locator(f"#{row_id}")
+    page.evaluate(
+        """(rowId) => {
+            window.pushesSeen = 0;
+            document.addEventListener("htmx:oobBeforeSwap", (event) => {
+                if (event.detail.target.id === rowId) window.pushesSeen += 1;
+            });
+        }""",
+        row_id,
+    )
+    row.get_by_role("link", name="Delete chat-small").click()
+    dialog = page.get_by_role("dialog", name="Delete service chat-small?")
+    expect(dialog).to_be_visible()
+
+    # When the service changes and its row is pushed while the dialog is open
+    committed(lambda: Service.objects.filter(pk=service.pk).update(desired_replicas=4))
+    committed(lambda: live.service_changed(service.pk))
+    page.wait_for_function("window.pushesSeen > 0")
+
+    # Then the dialog stays, over the row as it was, and still answers
+    expect(dialog).to_be_visible()
+    expect(row.locator("td.num")).to_have_text("1")
+    dialog.get_by_role("button", name="Cancel").click()
+    # And once it closes, the row is the pushed one
+    expect(dialog).to_be_hidden()
+    expect(row.locator("td.num")).to_have_text("4")
+    row.get_by_role("link", name="Delete chat-small").click()
+    expect(dialog).to_be_visible()
