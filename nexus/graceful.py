@@ -34,6 +34,18 @@ Shutdown = Callable[[float], Awaitable[None]]
 # has its own shorter bound) before the process stops anyway: a dependency that hangs must not
 # keep it up until the supervisor kills it without a word.
 OVERRUN_S = 20.0
+# A step of the shutdown that waits on a connection (a background task's last Redis command, a
+# closing client) gets this long; one that hangs is named in the log and left behind, so the
+# steps after it (the history flush) still run.
+STEP_TIMEOUT_S = 3.0
+
+
+async def bounded(step: str, work: Awaitable[None], timeout_s: float = STEP_TIMEOUT_S) -> None:
+    """Await one shutdown step for at most timeout_s; log it by name when it runs over."""
+    try:
+        await asyncio.wait_for(work, timeout_s)
+    except TimeoutError:
+        log.error("shutdown: %s still running after %g s; going on without it", step, timeout_s)
 
 
 def install_in_daphne(shutdown: Shutdown, overrun_s: float = OVERRUN_S) -> None:
