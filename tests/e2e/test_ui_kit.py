@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
@@ -20,13 +19,25 @@ from tests.support.screenshots import screenshot
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def nexus(transactional_db: None, tmp_path: Path) -> Iterator[LiveServer]:
-    owner = make_user("owner", staff=True, password=PASSWORD)
-    make_user("teammate", password=PASSWORD)
-    ApiToken.issue("ci", created_by=owner)
-    with running_nexus(tmp_path) as server:
+@pytest.fixture(scope="module")
+def nexus(
+    committed_db: None, django_db_blocker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """One Nexus for the module: its tests only read what is made here (the suite empties the
+    database after the module)."""
+    with django_db_blocker.unblock():
+        owner = make_user("owner", staff=True, password=PASSWORD)
+        make_user("teammate", password=PASSWORD)
+        ApiToken.issue("ci", created_by=owner)
+    with running_nexus(tmp_path_factory.mktemp("ui-kit")) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def database(django_db_blocker) -> Iterator[None]:
+    """The tests read the module's rows (`committed`, in a thread of its own)."""
+    with django_db_blocker.unblock():
+        yield
 
 
 @pytest.fixture

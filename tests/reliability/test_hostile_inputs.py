@@ -55,16 +55,18 @@ def engine() -> Iterator[Simulator]:
         yield simulator
 
 
-@pytest.fixture(params=SERVERS)
-def stack(
+@pytest.fixture(scope="module", params=SERVERS)
+def served(
     request: pytest.FixtureRequest,
     committed_db: None,
     django_db_blocker,
     engine: Simulator,
-    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
-    # A slug of its own per test: a row one test leaves behind cannot fail the next one's setup.
+    """One Nexus per server kind for the whole module: each test's hostile client must leave it
+    serving (`stack` checks), so one start per kind tells as much as one per test did."""
     slug = f"hostile-{request.param}-{secrets.token_hex(3)}"
+    tmp_path = tmp_path_factory.mktemp(f"hostile-{request.param}")
     try:
         with django_db_blocker.unblock():
             pool = make_pool(slug)
@@ -78,14 +80,19 @@ def stack(
             "NEXUS_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
         }
         with running_nexus(tmp_path, server=request.param, **env) as server:
-            stack = Stack(server, engine, token, server_tmp, request.param, slug)
-            assert_serving(stack)  # also loads the gateway's snapshot
-            yield stack
-            assert_serving(stack)
+            yield Stack(server, engine, token, server_tmp, request.param, slug)
     finally:
         with django_db_blocker.unblock():
             Pool.objects.filter(slug=slug).delete()
             ApiToken.objects.filter(name=slug).delete()
+
+
+@pytest.fixture
+def stack(served: Stack) -> Iterator[Stack]:
+    """The module's server of this kind, serving before the test and still after it."""
+    assert_serving(served)  # also loads the gateway's snapshot
+    yield served
+    assert_serving(served)
 
 
 def assert_serving(stack: Stack) -> None:
@@ -302,7 +309,7 @@ def test_a_20_kb_path_is_a_414(stack: Stack) -> None:
     outcomes.record_fault("20 KB path", stack.name, 1, 0, time.monotonic() - started, "414 JSON")
 
 
-@pytest.mark.parametrize("stack", TIMEOUT_SERVERS, indirect=True)
+@pytest.mark.parametrize("served", TIMEOUT_SERVERS, indirect=True)
 def test_a_slowloris_connection_is_closed_after_the_header_timeout(stack: Stack) -> None:
     sock = connect(stack)
     started = time.monotonic()
@@ -330,7 +337,7 @@ def test_a_slowloris_connection_is_closed_after_the_header_timeout(stack: Stack)
     )
 
 
-@pytest.mark.parametrize("stack", TIMEOUT_SERVERS, indirect=True)
+@pytest.mark.parametrize("served", TIMEOUT_SERVERS, indirect=True)
 def test_a_body_that_stops_arriving_gets_a_408_after_the_body_timeout(stack: Stack) -> None:
     body = json.dumps(chat_body(stack.pool)).encode()
     sock = connect(stack)
@@ -360,7 +367,7 @@ def test_a_body_that_stops_arriving_gets_a_408_after_the_body_timeout(stack: Sta
     )
 
 
-@pytest.mark.parametrize("stack", TIMEOUT_SERVERS, indirect=True)
+@pytest.mark.parametrize("served", TIMEOUT_SERVERS, indirect=True)
 def test_a_body_that_keeps_arriving_slowly_is_not_cut_off(stack: Stack) -> None:
     body = json.dumps(chat_body(stack.pool)).encode()
     sock = connect(stack)
