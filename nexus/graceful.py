@@ -41,11 +41,18 @@ STEP_TIMEOUT_S = 3.0
 
 
 async def bounded(step: str, work: Awaitable[None], timeout_s: float = STEP_TIMEOUT_S) -> None:
-    """Await one shutdown step for at most timeout_s; log it by name when it runs over."""
-    try:
-        await asyncio.wait_for(work, timeout_s)
-    except TimeoutError:
+    """Await one shutdown step for at most timeout_s; log it by name when it runs over.
+
+    A step that runs over is cancelled but not waited for: `asyncio.wait_for` would wait for the
+    cancellation to finish, which a step stuck on something that ignores it never does.
+    """
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
         log.error("shutdown: %s still running after %g s; going on without it", step, timeout_s)
+        return
+    task.result()  # its error, if it failed
 
 
 def install_in_daphne(shutdown: Shutdown, overrun_s: float = OVERRUN_S) -> None:
