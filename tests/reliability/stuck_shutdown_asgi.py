@@ -1,10 +1,11 @@
 """An application whose graceful shutdown never ends, for daphne in test_shutdown.py: the process
-must stop anyway, `overrun_s` (1 s) past the grace. Not imported by the tests: importing it
-installs the signal handling in the importing process."""
+must stop anyway, `overrun_s` (1 s) past the grace, though the shutdown ignores being cancelled.
+Not imported by the tests: importing it installs the signal handling in the importing process."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -17,7 +18,10 @@ from nexus import graceful  # noqa: E402  (needs Django set up first)
 
 
 async def never_done(grace_s: float) -> None:
-    await asyncio.Event().wait()
+    # Deaf to cancelling too, as a close stuck on a dead connection can be.
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
 
 
 graceful.install_in_daphne(never_done, overrun_s=1.0)
