@@ -41,18 +41,24 @@ STEP_TIMEOUT_S = 3.0
 
 
 async def bounded(step: str, work: Awaitable[None], timeout_s: float = STEP_TIMEOUT_S) -> None:
-    """Await one shutdown step for at most timeout_s; log it by name when it runs over.
+    """Await one shutdown step for at most timeout_s; log it by name when it runs over."""
+    if not await _within(work, timeout_s):
+        log.error("shutdown: %s still running after %g s; going on without it", step, timeout_s)
 
-    A step that runs over is cancelled but not waited for: `asyncio.wait_for` would wait for the
-    cancellation to finish, which a step stuck on something that ignores it never does.
+
+async def _within(work: Awaitable[None], timeout_s: float) -> bool:
+    """Await `work` for at most timeout_s; say whether it ended (raising its error if it failed).
+
+    Work that runs over is cancelled but not waited for: `asyncio.wait_for` would wait for the
+    cancellation to finish, which work stuck on something that ignores it never does.
     """
     task = asyncio.ensure_future(work)
     done, _ = await asyncio.wait({task}, timeout=timeout_s)
     if not done:
         task.cancel()
-        log.error("shutdown: %s still running after %g s; going on without it", step, timeout_s)
-        return
-    task.result()  # its error, if it failed
+        return False
+    task.result()
+    return True
 
 
 def install_in_daphne(shutdown: Shutdown, overrun_s: float = OVERRUN_S) -> None:
@@ -82,15 +88,12 @@ def install_in_daphne(shutdown: Shutdown, overrun_s: float = OVERRUN_S) -> None:
                     grace_s)  # fmt: skip
         for port in listening:
             port.stopListening()
-        # Not wait_for: past the overrun the shutdown is cancelled but not waited for (bounded).
-        running = asyncio.ensure_future(shutdown(grace_s))
-        done, _ = await asyncio.wait({running}, timeout=grace_s + overrun_s)
-        if not done:
-            running.cancel()
-            log.error("graceful shutdown still running %g s past the grace; stopping now",
-                      overrun_s)  # fmt: skip
-        elif (error := running.exception()) is not None:
-            log.error("graceful shutdown failed; stopping now", exc_info=error)
+        try:
+            if not await _within(shutdown(grace_s), grace_s + overrun_s):
+                log.error("graceful shutdown still running %g s past the grace; stopping now",
+                          overrun_s)  # fmt: skip
+        except Exception:
+            log.exception("graceful shutdown failed; stopping now")
         log.info("%s: shutdown done; stopping", signal_name)
         reactor.stop()
 

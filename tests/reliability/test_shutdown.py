@@ -92,7 +92,7 @@ def refuses_connections(live: LiveServer) -> bool:
 def exit_status(live: LiveServer, stacks_at: float | None = None) -> int:
     """Return the process's exit status; past EXIT_TIMEOUT_S, fail with its threads' stacks and
     its log, which say which step of the shutdown it is stuck in. Still running at `stacks_at`
-    (a time.monotonic() value), it writes its stacks to its log and is waited for on."""
+    (a time.monotonic() value), it writes its stacks to its log and is waited on."""
     if stacks_at is not None:
         try:
             return live.process.wait(timeout=max(0.0, stacks_at - time.monotonic()))
