@@ -34,23 +34,14 @@ Shutdown = Callable[[float], Awaitable[None]]
 # has its own shorter bound) before the process stops anyway: a dependency that hangs must not
 # keep it up until the supervisor kills it without a word.
 OVERRUN_S = 20.0
-# A step of the shutdown that waits on a connection (a background task's last Redis command, a
-# closing client) gets this long; one that hangs is named in the log and left behind, so the
-# steps after it (the history flush) still run.
-STEP_TIMEOUT_S = 3.0
-
-
-async def bounded(step: str, work: Awaitable[None], timeout_s: float = STEP_TIMEOUT_S) -> None:
-    """Await one shutdown step for at most timeout_s; log it by name when it runs over."""
-    if not await _within(work, timeout_s):
-        log.error("shutdown: %s still running after %g s; going on without it", step, timeout_s)
 
 
 async def _within(work: Awaitable[None], timeout_s: float) -> bool:
     """Await `work` for at most timeout_s; say whether it ended (raising its error if it failed).
 
     Work that runs over is cancelled but not waited for: `asyncio.wait_for` would wait for the
-    cancellation to finish, which work stuck on something that ignores it never does.
+    cancellation to finish, which work stuck on something that ignores it never does, and the
+    process would never stop.
     """
     task = asyncio.ensure_future(work)
     done, _ = await asyncio.wait({task}, timeout=timeout_s)

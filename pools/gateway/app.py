@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 from django.conf import settings
 
-from nexus import graceful, scopes, upstream
+from nexus import scopes, upstream
 from pools.gateway import errors
 from pools.gateway.errors import GatewayError
 from pools.gateway.flight import NOT_FORWARDED, Flight, Forward, Router, forwarded_headers
@@ -150,8 +150,7 @@ class Gateway:
         if self._requests:
             await asyncio.wait(list(self._requests), timeout=SHUTDOWN_CUT_WAIT_S)
         await self.aclose()
-        # Its connections to the targets, before the loop stops.
-        await graceful.bounded("closing the connections to targets", upstream.close())
+        await upstream.close()  # its connections to the targets, before the loop stops
         log.info("gateway stopped: history and token usage written")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -13,7 +13,6 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.utils import timezone
 
-from nexus import graceful
 from nexus.models import ApiToken
 from pools.gateway.revocations import Listener
 from pools.gateway.snapshot import (
@@ -103,7 +102,7 @@ class Registry:
             self._refresher.cancel()
             self._refresher = None
         if self._listener is not None:
-            await graceful.bounded("closing the revocation listener", self._listener.aclose())
+            await self._listener.aclose()
             self._listener = None
         await self.flush_token_usage()
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from nexus import graceful, upstream
+from nexus import upstream
 from pools import services
 from pools.balancer.continuity import AffinityMap, continuity_keys
 from pools.balancer.health import LatencyStats, PassiveHealth, ServerErrorMemory
@@ -414,9 +414,9 @@ class GatewayState:
             self._maintenance.cancel()
             self._maintenance = None
         if self._publisher is not None:
-            await graceful.bounded("withdrawing the live state", self._publisher.aclose())
-        await self._history.aclose()  # each of its Redis commands has a timeout
-        await graceful.bounded("closing the load ledger", self._ledger.aclose())
+            await self._publisher.aclose()
+        await self._history.aclose()
+        await self._ledger.aclose()
 
     def _queue(self, pool: PoolEntry, kind: str) -> PoolQueue:
         """Return the queue of the pool's requests of this kind, sized by its current setting."""
