@@ -1018,9 +1018,11 @@ def test_the_history_of_a_client_that_left_the_queue_says_how_long_it_waited(
     world: World,
 ) -> None:
     with ThreadPoolExecutor(max_workers=1) as executor:
-        holder = hold_slot(executor, world, "queue-gone-wait", tokens=15)
+        holder = hold_slot(executor, world, "queue-gone-wait", tokens=30)
         with raw_request(world, chat_body("queue-gone-wait")):
-            time.sleep(0.3)
+            # The request reaches the queue some time after it is sent (70 ms was seen under
+            # load), so the wait the history records is this sleep less that lag.
+            time.sleep(0.6)
         assert holder.result().done
 
     def gone() -> RoutingRecord | None:
@@ -1030,7 +1032,7 @@ def test_the_history_of_a_client_that_left_the_queue_says_how_long_it_waited(
             ).first()
 
     record = wait_until(gone, timeout_s=5, what="no history row for the client that left")
-    assert 250 <= record.queue_wait_ms < 1000
+    assert 300 <= record.queue_wait_ms < 1500
 
 
 # The arrival order is made by sleeps between the requests: it needs the CPU to itself.
