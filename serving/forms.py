@@ -151,6 +151,12 @@ class ServiceLaunchForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "/health"}),
         help_text="Probed for HTTP 200; empty for the command's (default /health).",
     )
+    interval = forms.FloatField(
+        label="Probe interval (s)",
+        required=False,
+        widget=forms.NumberInput(attrs={"step": "any", "placeholder": "10.0"}),
+        help_text="Seconds between health probes, the first one included.",
+    )
     initial_delay = forms.FloatField(
         label="Initial delay (s)",
         required=False,
@@ -352,6 +358,7 @@ class ServiceLaunchForm(forms.Form):
         fields = {
             "port": "command_port",
             "health_path": "health_path",
+            "interval": "interval",
             "initial_delay": "initial_delay",
             "max_retries": "max_retries",
         }

@@ -63,7 +63,9 @@ CUSTOM = "custom"
 # A replica spans at most this many nodes: one main and its workers.
 MAX_CLUSTER_SIZE = 16
 # What a pasted command's launch takes besides the command (each derived from it otherwise).
-COMMAND_SETTINGS = ("port", "health_path", "initial_delay", "max_retries")
+# Of those, the ones that set the health check's timings.
+HEALTH_TIMINGS = ("interval", "initial_delay", "max_retries")
+COMMAND_SETTINGS = ("port", "health_path", *HEALTH_TIMINGS)
 # The variable a process allocated a port by the agent finds it in, for scripts that read $PORT.
 PORT_VARIABLE = "PORT"
 # Definition files are short text; a larger one is a mistake, not something to read whole.
@@ -199,7 +201,8 @@ def resolve_launch(
 ) -> Launch:
     """Return the resolved launch for these launcher settings; raise LaunchError listing why not.
 
-    `command_settings` ({"port", "health_path", "initial_delay", "max_retries"}, any of them)
+    `command_settings` ({"port", "health_path", "interval", "initial_delay", "max_retries"},
+    any of them)
     override what a pasted command (Custom) gives or defaults to.
 
     `model_name` is the name the server serves the model as, unless BACKEND_MODEL_NAME, the
@@ -341,6 +344,11 @@ def _checked_command_settings(
             if not isinstance(value, str) or not value.startswith("/"):
                 problems.append(LaunchProblem("", path, 'must start with "/"'))
                 continue
+        elif key == "interval":
+            if not number or value <= 0:
+                problems.append(LaunchProblem("", path, "must be a number greater than 0"))
+                continue
+            value = float(value)
         elif key == "initial_delay":
             if not number or value < 0:
                 problems.append(LaunchProblem("", path, "must be a number, 0 or more"))
@@ -664,9 +672,7 @@ def _from_command(
         port = overrides.get("port", imported.port)
     _refuse_controller_port(port, "", "command_settings.port" if "port" in overrides else "command")
     health_check = _health_check(overrides.get("health_path", imported.health_path))
-    health_check.update(
-        {key: overrides[key] for key in ("initial_delay", "max_retries") if key in overrides}
-    )
+    health_check.update({key: overrides[key] for key in HEALTH_TIMINGS if key in overrides})
     warnings = list(imported.warnings)
     if imported.image is not None:
         warnings.append(

@@ -274,8 +274,8 @@ class Revision(models.Model):
     command_settings = models.JSONField(
         default=dict,
         blank=True,
-        help_text="A pasted command's port, health_path, initial_delay and max_retries, where "
-        "given instead of derived from it.",
+        help_text="A pasted command's port, health_path, interval, initial_delay and "
+        "max_retries, where given instead of derived from it.",
     )
     environ = models.JSONField(default=dict, blank=True)
     runtime_parameters = models.JSONField(

@@ -365,7 +365,8 @@ class LaunchFieldsSerializer(serializers.Serializer):
         child=serializers.JSONField(),
         default=dict,
         help_text="Custom with a command: what it would otherwise be derived from it, any of "
-        '{"port": 8001, "health_path": "/", "initial_delay": 60.0, "max_retries": 10}.',
+        '{"port": 8001, "health_path": "/", "interval": 10.0, "initial_delay": 60.0, '
+        '"max_retries": 10}.',
     )
     environ = serializers.DictField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False),

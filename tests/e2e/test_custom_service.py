@@ -55,9 +55,10 @@ def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready
     expect(check.locator("dt:text-is('Health check') + dd")).to_contain_text("/health")
 
     page.get_by_label("Health path").press_sequentially("/")
+    page.get_by_label("Probe interval (s)").press_sequentially("1")
     page.get_by_label("Initial delay (s)").press_sequentially("0")
     expect(check.locator("dt:text-is('Health check') + dd")).to_contain_text(
-        "/ every 10.0 s, first after 0.0 s"
+        "/ every 1.0 s, first after 0.0 s"
     )
     screenshot(page, "serving-launcher-custom-command")
     page.get_by_role("button", name="Start service").click()
@@ -68,13 +69,14 @@ def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready
     )
     screenshot(page, "serving-service-ready")
     revision = committed(lambda: Service.objects.get(name="files").latest_revision)
-    assert revision.command_settings == {"health_path": "/", "initial_delay": 0.0}
+    assert revision.command_settings == {"health_path": "/", "interval": 1.0, "initial_delay": 0.0}
 
     # Edit: the launcher opens filled in; a new variable makes revision 2, which rolls out.
     page.get_by_role("link", name="Edit").click()
     arrive(page, re.compile(r"/serving/services/files/edit/$"))
     expect(page.get_by_label("Command line", exact=True)).to_have_value(COMMAND)
     expect(page.get_by_label("Health path")).to_have_value("/")
+    expect(page.get_by_label("Probe interval (s)")).to_have_value("1.0")
     page.get_by_label("More variables").press_sequentially("GREETING=hello")
     expect(check).to_contain_text("GREETING=hello")
     screenshot(page, "serving-service-edit")

@@ -265,18 +265,23 @@ VARIANT_CASES = [
 
 COMMAND_CASES = [
     Case(
-        "a pasted command's health path, first delay and retries set in the launcher",
+        "a pasted command's health path, interval, first delay and retries set in the launcher",
         {
             "runtime_variant": "custom",
             "command": "python -m http.server ${PORT} --directory /models",
-            "command_settings": {"health_path": "/", "initial_delay": 0.5, "max_retries": 3},
+            "command_settings": {
+                "health_path": "/",
+                "interval": 2,
+                "initial_delay": 0.5,
+                "max_retries": 3,
+            },
         },
         {
             "argv": ["python", "-m", "http.server", "${PORT}", "--directory", "/models"],
             "env": AGENT_PORT,
             "port": None,
             "model_name": "llama",
-            "health_check": health("/", initial_delay=0.5, max_retries=3),
+            "health_check": health("/", interval=2.0, initial_delay=0.5, max_retries=3),
             "pre_start_actions": [],
         },
     ),
@@ -596,6 +601,7 @@ REFUSALS = [
             "command_settings": {
                 "port": 0,
                 "health_path": "health",
+                "interval": 0,
                 "initial_delay": -1,
                 "max_retries": 1.5,
                 "timeout": 3,
@@ -604,12 +610,14 @@ REFUSALS = [
         [
             ("", "command_settings.port", "must be an integer between 1 and 65535"),
             ("", "command_settings.health_path", 'must start with "/"'),
+            ("", "command_settings.interval", "must be a number greater than 0"),
             ("", "command_settings.initial_delay", "must be a number, 0 or more"),
             ("", "command_settings.max_retries", "must be an integer, 0 or more"),
             (
                 "",
                 "command_settings.timeout",
-                "unknown setting; expected one of: port, health_path, initial_delay, max_retries",
+                "unknown setting; expected one of: port, health_path, interval, initial_delay, "
+                "max_retries",
             ),
         ],
     ),

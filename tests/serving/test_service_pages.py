@@ -198,18 +198,24 @@ def test_the_check_takes_a_pasted_commands_health_path_and_timings(staff: Client
         runtime_variant="custom",
         command="python -m http.server ${PORT} --directory /models",
         health_path="/",
+        interval="1.5",
         initial_delay="2",
         max_retries="4",
     )
 
     fragment = text(staff.post(CHECK, form, **HTMX))
     refused = text(staff.post(CHECK, {**form, "command_port": "8002"}, **HTMX))
+    no_interval = text(staff.post(CHECK, {**form, "interval": "0"}, **HTMX))
 
-    assert "<code>/</code> every 10.0 s, first after 2.0 s, 4 retries" in fragment
+    assert "<code>/</code> every 1.5 s, first after 2.0 s, 4 retries" in fragment
     assert (
         '<small class="field-error" id="error-command_port" hx-swap-oob="true" role="alert">'
         "the command listens on ${PORT}, which the agent allocates; leave it empty"
     ) in refused
+    assert (
+        '<small class="field-error" id="error-interval" hx-swap-oob="true" role="alert">'
+        "must be a number greater than 0"
+    ) in no_interval
 
 
 def test_the_check_shows_what_would_run(staff: Client) -> None:
