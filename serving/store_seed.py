@@ -45,6 +45,7 @@ def _simulator_definition(name: str, ttft_ms: int, tpot_ms: int) -> str:
       port: 9101
       health_check:
         path: /health
+        interval: 2.0
         initial_delay: 1.0
 """
 

@@ -40,7 +40,8 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 READY_TIMEOUT_MS = 90_000
-# llama.cpp's first probe is due 5 s after the start; loading the model takes a few seconds more.
+# The llama.cpp variant's first probe is due 15 s after the start (its 5 s initial delay, then one
+# 10 s interval); loading a model may take longer under load.
 LLAMA_READY_TIMEOUT_MS = 180_000
 GIB = 1 << 30
 
