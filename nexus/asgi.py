@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -18,7 +19,6 @@ django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from daphne.server import Server  # noqa: E402
 
 from nexus import eager_writes, graceful, upload_guard  # noqa: E402
 from nexus.routing import websocket_urlpatterns  # noqa: E402
@@ -32,22 +32,31 @@ def silence_daphne_access_log() -> None:
     line writes a line per request to stdout, and silencing a logger does not stop that."""
     if settings.NEXUS_ACCESS_LOG:
         return
+    from daphne.server import Server
+
     Server.log_action = lambda self, protocol, action, details: None
+
+
+def install_in_daphne(gateway: Gateway) -> None:
+    silence_daphne_access_log()
+    upload_guard.install_in_daphne()
+    graceful.install_in_daphne(gateway.shutdown)
+    # Every request is judged from its headers before any work, under daphne as under uvicorn.
+    limits.install_in_daphne(gateway)
+    # A streamed chunk leaves when it is written, not a reactor turn later (as under uvicorn).
+    eager_writes.install_in_daphne()
 
 
 # `kill -USR1 <pid>` writes every thread's stack to stderr: what a stuck process is doing.
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 gateway = Gateway()
-silence_daphne_access_log()
 # A body larger than any upload is refused before it is read: Django would read it all first.
 guarded_django_app = upload_guard.guard(django_app)
-upload_guard.install_in_daphne()
-graceful.install_in_daphne(gateway.shutdown)
-# Every request is judged from its headers before any work, under daphne as under uvicorn.
-limits.install_in_daphne(gateway)
+# daphne's command imports its server before it loads the app; under uvicorn nothing imports
+# daphne or Twisted (0.3 s of a start).
+if "daphne.server" in sys.modules:
+    install_in_daphne(gateway)
 limits.install_in_uvicorn()
-# A streamed chunk leaves when it is written, not a reactor turn later (as under uvicorn).
-eager_writes.install_in_daphne()
 
 
 async def http_router(scope: dict[str, Any], receive: Receive, send: Send) -> None:

@@ -31,8 +31,10 @@ NEXUS_CONTROLLER_URL = env_str("NEXUS_CONTROLLER_URL", f"http://{NEXUS_HOST}:{NE
 ALLOWED_HOSTS = env_list("NEXUS_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", NEXUS_HOST])
 CSRF_TRUSTED_ORIGINS = env_list("NEXUS_CSRF_TRUSTED_ORIGINS", [])
 
+# Not "daphne": its app only puts daphne behind runserver (Nexus starts daphne itself) and
+# imports Twisted into every process, the Celery workers and the history writer included (0.3 s
+# of each start).
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
