@@ -16,7 +16,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -422,6 +422,7 @@ class PoolQueue:
         again: bool = False,
         affinity: Affinity = NO_AFFINITY,
         only: int | None = None,
+        joined: Callable[[], None] | None = None,
     ) -> str:
         """Wait until `wake_next` or `wake_for` hands this request a slot; return the rule that
         chose it (WOKEN_IN_ORDER, or the `woken_for` note of an affinity-aware wake-up).
@@ -433,6 +434,7 @@ class PoolQueue:
         found no room (another took it first); it goes back first in line, without admission.
         only: wait for a slot on this target alone (a bounded wait for a full sticky target,
         balancer.sticky): its own bound is max_wait_s, so no early refusal by estimate.
+        joined: called once the request is in the queue, before it waits.
         """
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         now = time.monotonic()
@@ -454,6 +456,8 @@ class PoolQueue:
                 # It waited behind its own token's earlier requests, at the end of the queue.
                 wait_s = retry_after_s(self._service_times, len(self.fair), capacity)
                 victim.set_exception(QueueFull(OVER_FAIR_SHARE, wait_s))
+        if joined is not None:
+            joined()
         try:
             async with asyncio.timeout(max_wait_s):
                 return await future

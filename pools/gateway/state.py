@@ -238,14 +238,18 @@ class GatewayState:
         """
         capacity = sum(t.capacity for t in pool.targets if t.enabled and kind in t.kinds)
         affinity = Affinity(facts.sticky_target_id, facts.prefix_target_id)
-        return await self._queue(pool, kind).wait(
-            queue_id,
-            timeout_s,
-            capacity=max(1, capacity),
-            again=again,
-            affinity=affinity,
-            only=only,
-        )
+        try:
+            return await self._queue(pool, kind).wait(
+                queue_id,
+                timeout_s,
+                capacity=max(1, capacity),
+                again=again,
+                affinity=affinity,
+                only=only,
+                joined=lambda: self._report_queued(pool),
+            )
+        finally:
+            self._report_queued(pool)
 
     def pass_on(self, pool: PoolEntry, kind: str, target: TargetEntry) -> None:
         """Hand a slot on this target, which a woken request declined to wait for its sticky
@@ -469,8 +473,12 @@ class GatewayState:
         for pool in snapshot.pools.values():
             for target in pool.targets:
                 metrics.set_in_flight(pool.slug, target.name, self._ledger.in_flight(target.id))
-            queued = sum(len(q) for (pool_id, _), q in self._queues.items() if pool_id == pool.id)
-            metrics.set_queued(pool.slug, queued)
+            self._report_queued(pool)
+
+    def _report_queued(self, pool: PoolEntry) -> None:
+        """Set the pool's queued gauge: as requests join and leave, and on every scrape."""
+        queued = sum(len(q) for (pool_id, _), q in self._queues.items() if pool_id == pool.id)
+        metrics.set_queued(pool.slug, queued)
 
     def _wake_queues(self, snapshot: Snapshot, now: float) -> None:
         """Wake waiters when a target has room that another process (or a drain) freed."""

@@ -377,6 +377,22 @@ async def test_a_waiter_returns_when_a_slot_is_handed_to_it():
     assert queue.wake_next() is False
 
 
+async def test_joined_is_told_once_the_request_is_in_the_queue_and_not_when_it_is_refused():
+    queue = PoolQueue(1)
+    lengths: list[int] = []
+    waiter = asyncio.create_task(
+        queue.wait(ALICE, 5.0, capacity=1, joined=lambda: lengths.append(len(queue)))
+    )
+    await asyncio.sleep(0)
+
+    with pytest.raises(QueueFull):
+        await queue.wait(BOB, 5.0, capacity=1, joined=lambda: lengths.append(-1))
+
+    assert lengths == [1]  # told with the request already counted; the refused one never
+    queue.wake_next()
+    await asyncio.wait_for(waiter, 1.0)
+
+
 async def test_waiters_are_woken_in_fair_order():
     queue = PoolQueue(10)
     woken: list[str] = []

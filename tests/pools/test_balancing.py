@@ -285,6 +285,33 @@ def raw_request(world: World, body: dict[str, Any]) -> Iterator[socket.socket]:
         yield sock
 
 
+def queued(world: World, pool: str) -> float:
+    """Return how many requests wait in the pool's queue, as the gateway's /metrics says (it
+    sets the gauge as each request joins or leaves)."""
+    response = httpx.get(f"{world.nexus.url}/metrics", timeout=5)
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == "nexus_queued" and sample.labels.get("pool") == pool:
+                return sample.value
+    return 0.0
+
+
+def join_queue(
+    executor: ThreadPoolExecutor, world: World, pool: str, **chat: Any
+) -> Future[Answer]:
+    """Send a chat request that must wait; return once the queue holds it (one more than
+    before), so that requests sent one after another queue in that order on any machine."""
+    before = queued(world, pool)
+    future = executor.submit(world.chat, pool, **chat)
+    wait_until(
+        lambda: queued(world, pool) > before or future.done(),
+        timeout_s=10,
+        what=f"the request did not join {pool}'s queue",
+    )
+    assert not future.done(), future.result()
+    return future
+
+
 def contents(answer: Answer) -> list[str]:
     """Return the non-empty content deltas of a chat stream."""
     deltas = []
@@ -793,8 +820,8 @@ def test_a_slot_freed_on_a_conversations_target_goes_to_it_before_an_earlier_wai
         )
         wait_until(started.is_set, timeout_s=5)
         long = hold_slot(executor, world, "wake-affinity", tokens=200)
-        earlier = executor.submit(world.chat, "wake-affinity", content="Something else")
-        time.sleep(0.3)  # the earlier waiter is first in line
+        # The earlier waiter is first in line.
+        earlier = join_queue(executor, world, "wake-affinity", content="Something else")
         later = executor.submit(turn, world, "wake-affinity", 2, headers=session)
 
         conversation, first_in_line = later.result(), earlier.result()
@@ -949,9 +976,8 @@ def test_the_prompt_cache_key_and_the_user_field_also_keep_a_conversation_togeth
 @pytest.mark.serial
 def test_a_request_beyond_a_full_queue_gets_429_with_retry_after(world: World) -> None:
     with ThreadPoolExecutor(max_workers=4) as executor:
-        holder = hold_slot(executor, world, "queue-full", tokens=25)
-        waiters = [executor.submit(world.chat, "queue-full") for _ in range(2)]
-        time.sleep(0.3)  # both reach the queue (max_queue 2)
+        holder = hold_slot(executor, world, "queue-full", tokens=50)
+        waiters = [join_queue(executor, world, "queue-full") for _ in range(2)]  # max_queue 2
 
         refused = world.chat("queue-full")
 
@@ -1035,18 +1061,15 @@ def test_the_history_of_a_client_that_left_the_queue_says_how_long_it_waited(
     assert 300 <= record.queue_wait_ms < 1500
 
 
-# The arrival order is made by sleeps between the requests: it needs the CPU to itself.
-@pytest.mark.serial
 def test_the_queue_serves_a_lone_request_of_another_token_before_a_busy_tokens_backlog(
     world: World,
 ) -> None:
     with ThreadPoolExecutor(max_workers=8) as executor:
-        holder = hold_slot(executor, world, "queue-fair", tokens=15)
-        backlog = []
-        for _ in range(6):
-            backlog.append(executor.submit(world.chat, "queue-fair", max_tokens=4))
-            time.sleep(0.04)  # so that they queue in this order
-        lone = executor.submit(world.chat, "queue-fair", max_tokens=4, token=world.other_token)
+        # Held long enough for the queue to fill one request at a time on a busy machine.
+        holder = hold_slot(executor, world, "queue-fair", tokens=100)
+        backlog = [join_queue(executor, world, "queue-fair", max_tokens=4) for _ in range(6)]
+        lone = join_queue(executor, world, "queue-fair", max_tokens=4, token=world.other_token)
+        assert not holder.done()
         answers = [("A", future.result()) for future in backlog] + [("B", lone.result())]
         assert holder.result().done
 
@@ -1060,11 +1083,10 @@ def test_a_token_over_its_fair_share_of_the_queue_gets_429_while_another_token_w
     world: World,
 ) -> None:
     with ThreadPoolExecutor(max_workers=4) as executor:
-        holder = hold_slot(executor, world, "queue-share", tokens=25)
-        lone = executor.submit(world.chat, "queue-share", token=world.other_token)
-        time.sleep(0.1)
-        backlog = [executor.submit(world.chat, "queue-share") for _ in range(2)]
-        time.sleep(0.3)  # B holds 1 place of 4, A holds 2: A's fair share while B waits
+        holder = hold_slot(executor, world, "queue-share", tokens=50)
+        lone = join_queue(executor, world, "queue-share", token=world.other_token)
+        # B holds 1 place of 4, A holds 2: A's fair share while B waits.
+        backlog = [join_queue(executor, world, "queue-share") for _ in range(2)]
 
         refused = world.chat("queue-share")
 
@@ -1075,17 +1097,13 @@ def test_a_token_over_its_fair_share_of_the_queue_gets_429_while_another_token_w
     assert [answer.status for answer in served] == [200] * 4
 
 
-# The arrival order is made by sleeps between the requests: it needs the CPU to itself.
-@pytest.mark.serial
 def test_a_token_that_filled_the_queue_alone_gives_up_its_newest_place_to_another_token(
     world: World,
 ) -> None:
     with ThreadPoolExecutor(max_workers=8) as executor:
-        holder = hold_slot(executor, world, "queue-pushed", tokens=25)
-        backlog = []
-        for _ in range(4):  # A alone fills the queue's 4 places
-            backlog.append(executor.submit(world.chat, "queue-pushed", max_tokens=2))
-            time.sleep(0.1)  # so that the last is the newest
+        holder = hold_slot(executor, world, "queue-pushed", tokens=100)
+        # A alone fills the queue's 4 places, one after another: the last is the newest.
+        backlog = [join_queue(executor, world, "queue-pushed", max_tokens=2) for _ in range(4)]
         lone = executor.submit(world.chat, "queue-pushed", max_tokens=2, token=world.other_token)
 
         pushed_out = backlog[-1].result()
@@ -1104,8 +1122,7 @@ def test_an_embeddings_request_is_not_held_behind_chat_requests_waiting_for_the_
 ) -> None:
     with ThreadPoolExecutor(max_workers=2) as executor:
         holder = hold_slot(executor, world, "queue-kinds", tokens=30)
-        waiter = executor.submit(world.chat, "queue-kinds")
-        time.sleep(0.3)  # a chat request waits for the only chat slot
+        waiter = join_queue(executor, world, "queue-kinds")  # waits for the only chat slot
 
         embedding = send(
             f"{world.nexus.url}/v1/embeddings",
@@ -1119,17 +1136,16 @@ def test_an_embeddings_request_is_not_held_behind_chat_requests_waiting_for_the_
     assert world.record(embedding).queue_wait_ms == 0.0
 
 
-# The arrival order is made by sleeps between the requests: it needs the CPU to itself.
-@pytest.mark.serial
 def test_waiters_of_one_token_are_served_in_arrival_order_beside_an_idle_target_of_another_kind(
     world: World,
 ) -> None:
     with ThreadPoolExecutor(max_workers=7) as executor:
-        holder = hold_slot(executor, world, "queue-kinds-order", tokens=25)
-        waiters = []
-        for index in range(6):
-            waiters.append(executor.submit(world.chat, "queue-kinds-order", content=f"w{index}"))
-            time.sleep(0.15)  # so that they queue in this order, even on a busy machine
+        holder = hold_slot(executor, world, "queue-kinds-order", tokens=100)
+        waiters = [
+            join_queue(executor, world, "queue-kinds-order", content=f"w{index}")
+            for index in range(6)
+        ]
+        assert not holder.done()
         answers = [future.result() for future in waiters]
         assert holder.result().done
 
@@ -1143,8 +1159,7 @@ def test_retry_after_estimates_the_wait_from_recent_service_times(world: World) 
     assert world.chat("queue-estimate", max_tokens=25, stream=True).done
     with ThreadPoolExecutor(max_workers=4) as executor:
         hold_slot(executor, world, "queue-estimate", tokens=25)
-        waiters = [executor.submit(world.chat, "queue-estimate") for _ in range(2)]
-        time.sleep(0.3)
+        waiters = [join_queue(executor, world, "queue-estimate") for _ in range(2)]
 
         refused = world.chat("queue-estimate")
 
