@@ -34,6 +34,9 @@ from serving.store import DeployOption, StoreCard
 # A service token always expires (DESIGN.md); ten years is the longest the form offers.
 MAX_TOKEN_DAYS = 3650
 DEFAULT_TOKEN_DAYS = 30
+# A pasted command's settings (launch.COMMAND_SETTINGS) by the form field that holds each: the
+# setting's own name, but the port's ("port" alone would read as the service's).
+SETTING_FIELDS = {key: "command_port" if key == "port" else key for key in COMMAND_SETTINGS}
 CUSTOM_MODES = [
     ("command", "a command line"),
     ("definition", "the folder's model definition"),
@@ -355,14 +358,7 @@ class ServiceLaunchForm(forms.Form):
 
     def command_settings(self) -> dict[str, Any]:
         """Return the pasted command's settings that were filled in."""
-        fields = {
-            "port": "command_port",
-            "health_path": "health_path",
-            "interval": "interval",
-            "initial_delay": "initial_delay",
-            "max_retries": "max_retries",
-        }
-        values = {key: self.cleaned_data.get(field) for key, field in fields.items()}
+        values = {key: self.cleaned_data.get(field) for key, field in SETTING_FIELDS.items()}
         return {key: value for key, value in values.items() if value not in (None, "")}
 
     def field_of(self, problem: LaunchProblem) -> str | None:
@@ -380,7 +376,7 @@ class ServiceLaunchForm(forms.Form):
             return "extra_mounts"
         head, _, key = problem.path.partition(".")
         if head == "command_settings":
-            return {"port": "command_port"}.get(key, key) if key else "command"
+            return SETTING_FIELDS.get(key, key) if key else "command"
         if head == "runtime_parameters" and parameter_field(key) in self.fields:
             return parameter_field(key)
         if head == "environ":
@@ -427,7 +423,7 @@ def form_data_of(service: Service) -> dict[str, str]:
         **{parameter_field(key): str(value) for key, value in latest.runtime_parameters.items()},
     }
     settings = latest.command_settings
-    for key, field in (("port", "command_port"), *((k, k) for k in COMMAND_SETTINGS[1:])):
+    for key, field in SETTING_FIELDS.items():
         if key in settings:
             data[field] = str(settings[key])
     if service.open_to_public:
