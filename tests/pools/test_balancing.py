@@ -28,7 +28,6 @@ import httpx
 import pytest
 import redis
 from django.conf import settings
-from prometheus_client.parser import text_string_to_metric_families
 
 from nexus.models import ApiToken
 from pools import services
@@ -36,6 +35,7 @@ from pools.models import Pool, RoutingRecord, Target, TargetState
 from tests.nexus.factories import make_pool, make_target
 from tests.support.live import LiveServer, running_nexus
 from tests.support.ports import free_port
+from tests.support.prometheus import samples
 from tests.support.simulator import Simulator, running_simulators
 from tests.support.traffic import Answer, chat_body, send
 from tests.support.waiting import wait_until
@@ -285,15 +285,17 @@ def raw_request(world: World, body: dict[str, Any]) -> Iterator[socket.socket]:
         yield sock
 
 
-def queued(world: World, pool: str) -> float:
-    """Return how many requests wait in the pool's queue, as the gateway's /metrics says (it
-    sets the gauge as each request joins or leaves)."""
+def metric(world: World, name: str, **labels: str) -> float:
+    """Return the value of one sample at the live server's /metrics (0 while it has none)."""
     response = httpx.get(f"{world.nexus.url}/metrics", timeout=5)
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if sample.name == "nexus_queued" and sample.labels.get("pool") == pool:
-                return sample.value
-    return 0.0
+    assert response.status_code == 200
+    return samples(response.text).get((name, frozenset(labels.items())), 0.0)
+
+
+def queued(world: World, pool: str) -> float:
+    """Return how many requests wait in the pool's queue (the gateway sets the gauge as each
+    request joins or leaves)."""
+    return metric(world, "nexus_queued", pool=pool)
 
 
 def join_queue(
@@ -1255,15 +1257,7 @@ def test_the_metrics_count_a_pools_requests_by_target_and_outcome(world: World) 
         assert world.chat("metered").status == 200
 
     def served() -> float:
-        response = httpx.get(f"{world.nexus.url}/metrics", timeout=5)
-        assert response.status_code == 200
-        samples = {
-            (sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(response.text)
-            for sample in family.samples
-        }
-        labels = frozenset({"pool": "metered", "target": "meter", "outcome": "ok"}.items())
-        return samples.get(("nexus_requests_total", labels), 0.0)
+        return metric(world, "nexus_requests_total", pool="metered", target="meter", outcome="ok")
 
     # Counted as each request ends, which may be a moment after its last byte reached us.
     assert wait_until(lambda: served() == 3.0, timeout_s=3)

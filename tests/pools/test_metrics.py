@@ -6,12 +6,12 @@ import uuid
 
 import pytest
 from django.test import Client
-from prometheus_client.parser import text_string_to_metric_families
 
 from nexus.models import ApiToken
 from nexus.scopes import TokenKind
 from pools.gateway import metrics
 from tests.nexus.factories import make_user
+from tests.support.prometheus import Samples, samples
 
 
 @pytest.fixture(autouse=True)
@@ -26,16 +26,12 @@ def pool() -> str:
     return f"p{uuid.uuid4().hex[:10]}"
 
 
-def scrape(client: Client | None = None, **headers: str) -> dict[tuple[str, frozenset], float]:
+def scrape(client: Client | None = None, **headers: str) -> Samples:
     """Return every sample at /metrics by name and labels."""
     response = (client or Client()).get("/metrics", headers=headers)
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain")
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(response.content.decode())
-        for sample in family.samples
-    }
+    return samples(response.content.decode())
 
 
 def labels(**values: str) -> frozenset:

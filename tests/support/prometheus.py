@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import processes
 from tests.support.ports import free_port
@@ -19,6 +20,17 @@ from tests.support.waiting import wait_until
 
 PROMETHEUS = shutil.which("prometheus")
 SKIP_REASON = "Debian's prometheus is not installed (apt-get install prometheus; .ci/run does)"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def samples(text: str) -> Samples:
+    """Return every sample of a /metrics page by its name and label set."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 @dataclass
