@@ -67,6 +67,9 @@ def test_a_pasted_http_server_with_its_health_path_set_in_the_form_becomes_ready
     expect(page.locator("#service-readiness")).to_have_text(
         "1 of 1 replica ready", timeout=READY_TIMEOUT_MS
     )
+    # The revision is marked running at the reconciler's next tick, a moment after its replica
+    # passed its probe: the picture shows the settled page.
+    expect(page.get_by_text("Revision 1 is rolling out")).to_have_count(0)
     screenshot(page, "serving-service-ready")
     revision = committed(lambda: Service.objects.get(name="files").latest_revision)
     assert revision.command_settings == {"health_path": "/", "interval": 1.0, "initial_delay": 0.0}
