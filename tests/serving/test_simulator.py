@@ -379,10 +379,12 @@ def test_streaming_is_paced_by_ttft_then_tpot(paced: Simulator) -> None:
 
 
 def test_requests_beyond_the_concurrency_limit_wait(paced: Simulator) -> None:
-    # Two slots, five requests of 0.1 s + 9 x 0.02 s: three waves of 0.28 s.
+    # Two slots, five requests of 0.1 s + 39 x 0.02 s: three waves of 0.88 s. Two running and
+    # three waiting lasts only while the first wave runs: with waves of 0.28 s, a CI run beside
+    # other tests saw the five arrive too late to catch it.
     started = time.monotonic()
     with ThreadPoolExecutor(5) as pool:
-        futures = [pool.submit(post_chat, paced, max_tokens=10) for _ in range(5)]
+        futures = [pool.submit(post_chat, paced, max_tokens=40) for _ in range(5)]
         wait_for(
             lambda: (
                 (
@@ -396,7 +398,7 @@ def test_requests_beyond_the_concurrency_limit_wait(paced: Simulator) -> None:
     elapsed = time.monotonic() - started
 
     assert statuses == [200] * 5
-    assert elapsed >= 3 * 0.28 * 0.9
+    assert elapsed >= 3 * 0.88 * 0.9
     assert metric(paced, "vllm:num_requests_running") == 0
     assert metric(paced, "vllm:num_requests_waiting") == 0
 
