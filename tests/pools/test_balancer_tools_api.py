@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from django.conf import settings
 from rest_framework.test import APIClient
 
+from nexus.services import redis_client
+from pools.gateway import publish
 from pools.models import RoutingOutcome, RoutingRecord, Target, TargetState
 from tests.nexus.factories import make_pool, make_target
 from tests.support.ports import free_port
@@ -19,6 +22,13 @@ pytestmark = pytest.mark.django_db
 def engine() -> Iterator[Simulator]:
     with running_simulator(ttft_ms=0, tpot_ms=0) as sim:
         yield sim
+
+
+@pytest.fixture
+def no_live_gateway() -> None:
+    """Forget gateways an earlier test on this worker killed: each stays listed as live until
+    its reading's TTL (5 s) runs out."""
+    redis_client().delete(publish.index_key(settings.NEXUS_REDIS_PREFIX))
 
 
 def test_an_owner_drains_a_target_and_it_takes_no_new_requests(owner: APIClient) -> None:
@@ -73,7 +83,9 @@ def test_the_state_cannot_be_written_directly(owner: APIClient) -> None:
     assert Target.objects.get(pk=target.pk).state == TargetState.ACTIVE
 
 
-def test_a_dry_run_ranks_the_targets_and_explains_the_skipped_ones(owner: APIClient) -> None:
+def test_a_dry_run_ranks_the_targets_and_explains_the_skipped_ones(
+    owner: APIClient, no_live_gateway: None
+) -> None:
     pool = make_pool("chat", strategy="least_busy")
     make_target(pool, "big", capacity_weight=8)
     make_target(pool, "small", capacity_weight=2)
