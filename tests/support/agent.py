@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 
 from nodes.agent.processes import kill_all
-from tests.support import processes
+from tests.support import preloaded, processes
 from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +39,7 @@ class RunningAgent:
     data_dir: Path
     credential: str
     fingerprint: str
-    process: subprocess.Popen[bytes]
+    process: preloaded.Process
     log_path: Path
     command: list[str] = field(repr=False, default_factory=list)
     env: dict[str, str] = field(repr=False, default_factory=dict)
@@ -72,12 +71,10 @@ class RunningAgent:
         self.fingerprint = _wait_until_ready(self, log_start)
 
 
-def _spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+def _spawn(command: list[str], env: dict[str, str], log_path: Path) -> preloaded.Process:
     with log_path.open("ab") as log:
         # The child keeps its own copy of the descriptor, so closing ours here is safe.
-        return subprocess.Popen(
-            command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
-        )
+        return preloaded.start(command, env, log)
 
 
 def _wait_until_ready(agent: RunningAgent, log_start: int) -> str:

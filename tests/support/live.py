@@ -4,7 +4,6 @@ database, with the history writer (`manage.py runhistorywriter`) that a gateway 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import httpx
 from django.conf import settings
 from django.db import connection
 
-from tests.support import processes
+from tests.support import preloaded, processes
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -58,7 +57,7 @@ class LiveServer:
     """A running Nexus server."""
 
     port: int
-    process: subprocess.Popen[bytes]
+    process: preloaded.Process
     log_path: Path
 
     @property
@@ -86,7 +85,7 @@ def history_writer_argv(consumer: str) -> list[str]:
 @contextmanager
 def running_history_writer(
     tmp_dir: Path, consumer: str = "writer-tests", **extra_env: str
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[preloaded.Process]:
     """Run the history writer until the block ends; stopping it writes what is on the stream."""
     with _history_writer(tmp_dir, consumer, **extra_env) as (process, log_path):
         _wait_for_writer(process, log_path)
@@ -96,17 +95,13 @@ def running_history_writer(
 @contextmanager
 def _history_writer(
     tmp_dir: Path, consumer: str, **extra_env: str
-) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+) -> Iterator[tuple[preloaded.Process, Path]]:
     """Start the history writer (not waiting for it); stop it when the block ends."""
     # A log per run: a restarted writer's readiness is read from its own.
     log_path = tmp_dir / f"history-writer-{consumer}-{uuid.uuid4().hex[:6]}.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            history_writer_argv(consumer),
-            cwd=REPO_ROOT,
-            env=server_environment(**extra_env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        process = preloaded.start(
+            history_writer_argv(consumer), server_environment(**extra_env), log
         )
     try:
         yield process, log_path
@@ -114,12 +109,12 @@ def _history_writer(
         processes.stop(process, timeout_s=20)
 
 
-def _wait_for_writer(process: subprocess.Popen[bytes], log_path: Path) -> None:
+def _wait_for_writer(process: preloaded.Process, log_path: Path) -> None:
     # Ready once its signal handlers are in place: a stop from then on writes what is left.
     wait_until(lambda: _writer_started(process, log_path), timeout_s=30, what=log_path.read_text)
 
 
-def _writer_started(process: subprocess.Popen[bytes], log_path: Path) -> bool:
+def _writer_started(process: preloaded.Process, log_path: Path) -> bool:
     if process.poll() is not None:
         raise RuntimeError(
             f"history writer exited with {process.returncode}:\n{log_path.read_text()}"
@@ -171,13 +166,7 @@ def _web_server(tmp_dir: Path, server: str, port: int, **extra_env: str) -> Iter
     """Start the web server (not waiting for it); stop it when the block ends."""
     log_path = tmp_dir / f"{server}-{port}.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            server_argv(server, port),
-            cwd=REPO_ROOT,
-            env=server_environment(**extra_env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        process = preloaded.start(server_argv(server, port), server_environment(**extra_env), log)
     live = LiveServer(port=port, process=process, log_path=log_path)
     try:
         yield live

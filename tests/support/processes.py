@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-from typing import Any
+
+from tests.support import preloaded
 
 
-def stop(process: subprocess.Popen[Any], timeout_s: float) -> int:
+def stop(process: preloaded.Process, timeout_s: float) -> int:
     """SIGTERM the process and wait for it; SIGKILL it after timeout_s. Return its exit status."""
     if process.poll() is None:
         process.terminate()

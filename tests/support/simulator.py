@@ -6,7 +6,6 @@ import atexit
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,7 +18,7 @@ from typing import IO, Any
 
 import httpx
 
-from tests.support import processes
+from tests.support import preloaded, processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 15.0
@@ -36,7 +35,7 @@ class Simulator:
 
     port: int
     model: str
-    process: subprocess.Popen[bytes]
+    process: preloaded.Process
     log: IO[bytes] = field(repr=False)
 
     @property
@@ -116,9 +115,7 @@ def start_simulator(model: str = "demo-8b", port: int = 0, **flags: Any) -> Simu
     # The log outlives this function: Simulator.stop() closes and removes it.
     log = tempfile.NamedTemporaryFile(prefix="simulator-", suffix=".log", delete=False)  # noqa: SIM115
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
-    )
+    process = preloaded.start(command, env, log)
     simulator = Simulator(port=port, model=model, process=process, log=log)
     _live.add(simulator)
     deadline = time.monotonic() + START_TIMEOUT_S

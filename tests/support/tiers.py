@@ -17,16 +17,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from tests.support import preloaded
+
 TIERS = ("unit", "live", "e2e", "system")
 
-# Names whose use means a process or a listening server (any use of the subprocess module, a
-# socket's listen()): the starters in tests/support reach these, so following a test's helpers
-# down to them finds every test that starts something. `free_port` counts too: a test that asks
-# for a free port connects to it, even when nothing listens there (an unreachable engine or node
-# is then the behaviour under test).
+# Names whose use means a process or a listening server (any use of the subprocess module or of
+# tests/support/preloaded.py, a socket's listen()): the starters in tests/support reach these, so
+# following a test's helpers down to them finds every test that starts something. `free_port`
+# counts too: a test that asks for a free port connects to it, even when nothing listens there
+# (an unreachable engine or node is then the behaviour under test).
 LIVE_NAMES = frozenset(
     {
         "subprocess",
+        "preloaded",
         "Popen",
         "create_subprocess_exec",
         "create_subprocess_shell",
@@ -128,7 +131,11 @@ class UnitGuard:
             self.seen.append(f"started a process ({event} {args[:2]!r})")
         elif event in ("socket.connect", "socket.bind") and len(args) == 2:
             sock, address = args
-            if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
+            family = getattr(sock, "family", None)
+            if family == socket.AF_UNIX and str(address).startswith(preloaded.SOCKET_PREFIX):
+                self.seen.append(f"started a process (through the preloader at {address})")
+                return
+            if family not in (socket.AF_INET, socket.AF_INET6):
                 return
             host, port = address[0], address[1]
             if event == "socket.connect" and (host, port) in self.allowed:

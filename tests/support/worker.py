@@ -6,7 +6,6 @@ Tasks it runs read what the test wrote, so that data must be committed (`transac
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 import uuid
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nexus.celery import app
-from tests.support import processes
+from tests.support import preloaded, processes
 from tests.support.live import REPO_ROOT, server_environment
 
 START_TIMEOUT_S = 60.0
@@ -28,7 +27,7 @@ class RunningWorker:
     """A running Celery worker and its log."""
 
     name: str
-    process: subprocess.Popen[bytes]
+    process: preloaded.Process
     log_path: Path
 
     def log(self) -> str:
@@ -64,13 +63,7 @@ def running_worker(tmp_path: Path, *, beat: bool = False, **env: str) -> Iterato
         # Its own schedule file: the data dir's may belong to another worker with beat.
         command += ["--beat", "--schedule", str(tmp_path / f"beat-{name.partition('@')[0]}")]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            cwd=REPO_ROOT,
-            env=server_environment(**env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        process = preloaded.start(command, server_environment(**env), log)
     worker = RunningWorker(name=name, process=process, log_path=log_path)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
