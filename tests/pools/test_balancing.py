@@ -1177,8 +1177,10 @@ def test_retry_after_estimates_the_wait_from_recent_service_times(world: World) 
     assert world.chat("queue-estimate", max_tokens=25, stream=True).done
     with ThreadPoolExecutor(max_workers=4) as executor:
         # Held long enough for both waiters to queue and the third to be refused on a busy
-        # machine (it ends after; only finished requests make the estimate).
-        holder = hold_slot(executor, world, "queue-estimate", tokens=75)
+        # machine (it ends after; only finished requests make the estimate): 6 s, since a
+        # side-by-side run on a slower 2-core machine saw the first waiter find the slot free
+        # after the 3 s it was held for before.
+        holder = hold_slot(executor, world, "queue-estimate", tokens=150)
         waiters = [join_queue(executor, world, "queue-estimate") for _ in range(2)]
 
         refused = world.chat("queue-estimate")
