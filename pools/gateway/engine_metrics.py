@@ -39,9 +39,9 @@ class EngineLoad:
     running: int
     waiting: int
     read_at: float  # monotonic seconds
-    # Nexus's in-flight count on the target as the engine counted: the larger of the counts
-    # before and after the scrape, so that a request Nexus started meanwhile, which the engine
-    # may have counted, never passes for another client's.
+    # Nexus's requests on the target that the engine may have counted: those in flight when the
+    # scrape began plus those started during it (even one that also ended during it), at least
+    # as many as are in flight after, so that none passes for another client's.
     counted: int = 0
 
 
@@ -95,14 +95,16 @@ class EngineLoads:
         client: httpx.AsyncClient,
         targets: Iterable[tuple[int, str]],
         in_flight: Callable[[int], int],
+        started: Callable[[int], int],
     ) -> None:
         """Read every target's /metrics once, concurrently; failures just leave readings stale.
 
         in_flight: Nexus's own count of requests on a target, kept with its reading.
+        started: how many requests this process has ever started on a target.
         """
         pending = [(tid, url) for tid, url in targets if tid not in self._unsupported]
         await asyncio.gather(
-            *(self._scrape_one(client, tid, url, in_flight) for tid, url in pending)
+            *(self._scrape_one(client, tid, url, in_flight, started) for tid, url in pending)
         )
 
     async def _scrape_one(
@@ -111,8 +113,10 @@ class EngineLoads:
         target_id: int,
         base_url: str,
         in_flight: Callable[[int], int],
+        started: Callable[[int], int],
     ) -> None:
         before = in_flight(target_id)
+        started_before = started(target_id)
         try:
             response = await client.get(metrics_url(base_url), timeout=SCRAPE_TIMEOUT_S)
         except httpx.HTTPError:
@@ -123,7 +127,11 @@ class EngineLoads:
             return
         parsed = parse_load(response.text) if response.status_code == 200 else None
         if parsed is not None:
-            counted = max(before, in_flight(target_id))
+            # A request that started and ended while the engine was read is in neither count
+            # (one such would make a one-slot target that Nexus alone uses look full to the
+            # next request).
+            during = started(target_id) - started_before
+            counted = max(before + during, in_flight(target_id))
             self._loads[target_id] = EngineLoad(*parsed, read_at=time.monotonic(), counted=counted)
 
     def forget_unsupported(self) -> None:

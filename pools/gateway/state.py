@@ -76,6 +76,9 @@ class GatewayState:
         self._budget = budget or RetryBudget()
         self._publisher = publisher
         self._engine_loads = EngineLoads()
+        # Requests this process ever started per target (EngineLoads tells the engine's count
+        # of Nexus's own requests from other clients' by it).
+        self._started: defaultdict[int, int] = defaultdict(int)
         self._health = PassiveHealth()
         self._server_errors = ServerErrorMemory()
         self._latency: defaultdict[int, LatencyStats] = defaultdict(LatencyStats)
@@ -202,6 +205,8 @@ class GatewayState:
         if lease is None:
             # Another request took the last slot: the trial, if this was one, is not out.
             self._health.abandon(target.id)
+        else:
+            self._started[target.id] += 1
         return lease
 
     async def release(
@@ -465,7 +470,9 @@ class GatewayState:
             for target in pool.targets
             if target.enabled
         ]
-        await self._engine_loads.scrape(upstream.get().client, targets, self._ledger.in_flight)
+        await self._engine_loads.scrape(
+            upstream.get().client, targets, self._ledger.in_flight, self._started.__getitem__
+        )
         pairs = [
             (pool.slug, target.name) for pool in snapshot.pools.values() for target in pool.targets
         ]

@@ -134,7 +134,10 @@ def hold_slot(executor: ThreadPoolExecutor, world: World, pool: str, tokens: int
 def test_a_degraded_target_takes_no_request_while_a_healthy_one_has_room(world: World) -> None:
     answers = [world.chat("degraded-ranking") for _ in range(4)]
 
-    assert [(answer.status, answer.target) for answer in answers] == [(200, "healthy")] * 4
+    routed = [(answer.status, answer.target) for answer in answers]
+    assert routed == [(200, "healthy")] * 4, [  # with why, where one went elsewhere
+        world.record(answer).decision for answer in answers if answer.target != "healthy"
+    ]
     ranking = world.record(answers[-1]).decision["ranking"]
     assert [ranked["name"] for ranked in ranking] == ["healthy", "degraded"]
     assert {"name": "degraded", "value": 0.0, "note": (

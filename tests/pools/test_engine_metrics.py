@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from pools.balancer.strategies import engine_load
 from pools.gateway.engine_metrics import STALE_AFTER_S, EngineLoads, metrics_url, parse_load
 from tests.support.ports import free_port
 from tests.support.simulator import Simulator, running_simulator
@@ -84,7 +85,7 @@ async def test_it_scrapes_a_real_engine_and_forgets_stale_readings(engine: Simul
 
         await eventually(all_arrived, what="the three requests reach the engine")
         # Nexus's own count on the target, kept with the reading: 2 of the 3 are its requests.
-        await loads.scrape(client, [(1, engine.base_url)], lambda target_id: 2)
+        await loads.scrape(client, [(1, engine.base_url)], lambda target_id: 2, lambda _: 0)
         reading = loads.fresh(1, time.monotonic())
         await asyncio.gather(*pending)
 
@@ -93,9 +94,39 @@ async def test_it_scrapes_a_real_engine_and_forgets_stale_readings(engine: Simul
     assert loads.fresh(1, time.monotonic() + STALE_AFTER_S + 0.1) is None
 
 
+async def test_a_request_nexus_started_and_ended_while_the_engine_was_read_is_nexuss_own(
+    engine: Simulator,
+) -> None:
+    """The engine counted a request of Nexus's that started after the scrape read Nexus's count
+    and ended before it read it again: in flight neither time, it is still not another
+    client's load (a one-slot target would look full to the next request because of one)."""
+    loads = EngineLoads()
+    body = {"model": "demo-8b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    starts = iter([0, 1])  # Nexus's count of requests started, before and after the read
+    async with httpx.AsyncClient() as client:
+        request = asyncio.ensure_future(
+            client.post(f"{engine.base_url}/chat/completions", json=body, timeout=10)
+        )
+
+        async def arrived() -> bool:
+            stats = (await client.get(f"{engine.root_url}/sim/stats", timeout=5)).json()
+            return bool(stats["requests_running"] == 1)
+
+        await eventually(arrived, what="the request reaches the engine")
+        await loads.scrape(client, [(1, engine.base_url)], lambda _: 0, lambda _: next(starts))
+        reading = loads.fresh(1, time.monotonic())
+        await request
+
+    assert reading is not None
+    assert (reading.running, reading.counted) == (1, 1)
+    assert engine_load(0, reading.running + reading.waiting, reading.counted) == 0
+
+
 async def test_it_leaves_an_unreachable_engine_without_a_reading() -> None:
     loads = EngineLoads()
     async with httpx.AsyncClient() as client:
-        await loads.scrape(client, [(7, f"http://127.0.0.1:{free_port()}/v1")], lambda _: 0)
+        await loads.scrape(
+            client, [(7, f"http://127.0.0.1:{free_port()}/v1")], lambda _: 0, lambda _: 0
+        )
 
     assert loads.fresh(7, time.monotonic()) is None
