@@ -26,9 +26,10 @@ from tests.support.traffic import chat_body, send
 
 pytestmark = pytest.mark.e2e
 
-# Streams of about 3.6 s on the slow engine, so that a drain finds some in flight: the page,
-# which shows them, is up to a second behind, and a 1.5 s stream seen there had ended once.
-SLOW = {"ttft_ms": 50, "tpot_ms": 150, "concurrency": 4}
+# Streams of about 7.2 s on the slow engine, so that a drain finds some in flight: the page,
+# which shows them, is up to a second behind, and the drain reaches the gateway and the page a
+# second or two later; streams of 1.5 s, then of 3.6 s on a slower machine, had ended by then.
+SLOW = {"ttft_ms": 50, "tpot_ms": 300, "concurrency": 4}
 FAST = {"ttft_ms": 20, "tpot_ms": 10, "concurrency": 8}
 STREAM_TOKENS = 24
 # Background traffic: a few clients in a loop, bounded in requests and time.
