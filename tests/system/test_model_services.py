@@ -560,7 +560,9 @@ def test_the_simulator_runtime_variant_serves_through_its_pool_too(world: World)
     assert spec["argv"][:3] == ["${NEXUS_PYTHON}", "-m", "serving.runtimes.simulator"]
     check = spec["health_check"]
     assert (check["path"], check["initial_delay"], check["interval"]) == ("/health", 1.0, 10.0)
-    assert 11 <= took < 11 + TICK_S + SLACK_S + 2, world.measured
+    # Ready with the first probe (due 1 + 10 s after the start), before a second would be due:
+    # the start itself (a tick, the agent, the engine's import) took 4.2 s on a slower machine.
+    assert 11 <= took < 11 + 10, world.measured
     assert (completion.model, completion.choices[0].finish_reason) == (VARIANT, "length")
 
 
