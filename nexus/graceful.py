@@ -16,6 +16,7 @@ Servers differ in how they let an application do that:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -35,21 +36,79 @@ Shutdown = Callable[[float], Awaitable[None]]
 # keep it up until the supervisor kills it without a word.
 OVERRUN_S = 20.0
 
+# How long one background part (a publisher, a listener, a connection pool) may take to stop
+# before the parts after it stop without it.
+PART_STOP_S = 5.0
 
-async def _within(work: Awaitable[None], timeout_s: float) -> bool:
+
+async def within(work: Awaitable[None], timeout_s: float, what: str) -> bool:
     """Await `work` for at most timeout_s; say whether it ended (raising its error if it failed).
 
-    Work that runs over is cancelled but not waited for: `asyncio.wait_for` would wait for the
-    cancellation to finish, which work stuck on something that ignores it never does, and the
-    process would never stop.
+    Work that runs over is logged with where it waits (`awaiting`), then cancelled but not
+    waited for: `asyncio.wait_for` would wait for the cancellation to finish, which work stuck
+    on something that ignores it never does, and the process would never stop.
     """
     task = asyncio.ensure_future(work)
     done, _ = await asyncio.wait({task}, timeout=timeout_s)
     if not done:
+        log.error("%s still running after %g s, waiting at:\n%s", what, timeout_s, awaiting(task))
         task.cancel()
         return False
     task.result()
     return True
+
+
+async def stop_part(work: Awaitable[None], what: str, timeout_s: float | None = None) -> None:
+    """Stop one part of a shutdown: at most timeout_s (PART_STOP_S unless given), and its
+    failure logged, not raised, so that a part stuck on a dependency never keeps the parts after
+    it from stopping (the routing history from being written, say)."""
+    try:
+        await within(work, PART_STOP_S if timeout_s is None else timeout_s, what)
+    except Exception:
+        log.exception("%s failed to stop", what)
+
+
+def awaiting(task: asyncio.Future[Any]) -> str:
+    """Describe where a suspended task waits: each coroutine it awaits, innermost last, then
+    what the innermost awaits (a task's own chain, or each unfinished child a gather awaits).
+
+    A task's own stack shows only its outermost coroutine; a hang is found in the innermost.
+    """
+    lines: list[str] = []
+
+    def describe(awaited: Any, depth: int) -> None:
+        indent = "  " * depth
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                break
+            code = frame.f_code
+            lines.append(f"{indent}{code.co_filename}:{frame.f_lineno} in {code.co_qualname}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        if awaited is None or depth > 8:
+            return
+        if not isinstance(awaited, asyncio.Future):
+            # `await future` leaves a C iterator over the future, which names it only to gc.
+            awaited = next(
+                (r for r in gc.get_referents(awaited) if isinstance(r, asyncio.Future)), awaited
+            )
+        if isinstance(awaited, asyncio.Task):
+            lines.append(f"{indent}awaits task {awaited.get_name()}:")
+            describe(awaited.get_coro(), depth + 1)
+            return
+        children = getattr(awaited, "_children", None)  # asyncio.gather's future
+        if children is not None:
+            for child in children:
+                if not child.done():
+                    lines.append(f"{indent}awaits (gathered) {child!r}:")
+                    if isinstance(child, asyncio.Task):
+                        describe(child.get_coro(), depth + 1)
+            return
+        lines.append(f"{indent}awaits {awaited!r}")
+
+    if isinstance(task, asyncio.Task):
+        describe(task.get_coro(), 0)
+    return "\n".join(lines) or repr(task)
 
 
 def install_in_daphne(shutdown: Shutdown, overrun_s: float = OVERRUN_S) -> None:
@@ -80,7 +139,7 @@ def install_in_daphne(shutdown: Shutdown, overrun_s: float = OVERRUN_S) -> None:
         for port in listening:
             port.stopListening()
         try:
-            if not await _within(shutdown(grace_s), grace_s + overrun_s):
+            if not await within(shutdown(grace_s), grace_s + overrun_s, "graceful shutdown"):
                 log.error("graceful shutdown still running %g s past the grace; stopping now",
                           overrun_s)  # fmt: skip
         except Exception:

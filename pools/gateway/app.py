@@ -23,6 +23,7 @@ from urllib.parse import unquote
 from django.conf import settings
 
 from nexus import scopes, upstream
+from nexus.graceful import stop_part
 from pools.gateway import errors
 from pools.gateway.errors import GatewayError
 from pools.gateway.flight import NOT_FORWARDED, Flight, Forward, Router, forwarded_headers
@@ -150,7 +151,8 @@ class Gateway:
         if self._requests:
             await asyncio.wait(list(self._requests), timeout=SHUTDOWN_CUT_WAIT_S)
         await self.aclose()
-        await upstream.close()  # its connections to the targets, before the loop stops
+        # Its connections to the targets, before the loop stops.
+        await stop_part(upstream.close(), "connections to the targets")
         log.info("gateway stopped: history and token usage written")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

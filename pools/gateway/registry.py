@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.utils import timezone
 
+from nexus.graceful import stop_part
 from nexus.models import ApiToken
 from pools.gateway.revocations import Listener
 from pools.gateway.snapshot import (
@@ -102,7 +103,7 @@ class Registry:
             self._refresher.cancel()
             self._refresher = None
         if self._listener is not None:
-            await self._listener.aclose()
+            await stop_part(self._listener.aclose(), "revocation listener")
             self._listener = None
         await self.flush_token_usage()
 

@@ -23,6 +23,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from nexus import upstream
+from nexus.graceful import stop_part
 from pools import services
 from pools.balancer.continuity import AffinityMap, continuity_keys
 from pools.balancer.health import LatencyStats, PassiveHealth, ServerErrorMemory
@@ -35,7 +36,7 @@ from pools.balancer.strategies import decide
 from pools.gateway import metrics
 from pools.gateway.counters import LiveCounters
 from pools.gateway.engine_metrics import SCRAPE_INTERVAL_S, EngineLoads
-from pools.gateway.history import HistoryRecord, HistoryShipper
+from pools.gateway.history import SHUTDOWN_SHIP_TIMEOUT_S, HistoryRecord, HistoryShipper
 from pools.gateway.ledger import Admission, Lease, LedgerStatus, LoadLedger, build_ledger
 from pools.gateway.publish import GatewayReadings, Publisher, TargetReading
 from pools.gateway.registry import Registry
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 
 # How often waiting queues are checked for room freed elsewhere, and shared counts refreshed.
 MAINTENANCE_INTERVAL_S = 0.25
+# How long the routing history may take to stop at shutdown: its last shipment to Redis, then
+# writing what Redis did not take to the database.
+HISTORY_STOP_S = SHUTDOWN_SHIP_TIMEOUT_S + 10.0
 # Conversations and prompt prefixes remembered per process.
 SESSION_ENTRIES, SESSION_TTL_S = 100_000, 1800.0
 PREFIX_ENTRIES, PREFIX_TTL_S = 50_000, 600.0
@@ -422,10 +426,12 @@ class GatewayState:
         if self._maintenance is not None:
             self._maintenance.cancel()
             self._maintenance = None
+        # The routing history first: it is what the requests left behind. Its own bound covers
+        # its last shipment to Redis and then writing the rest to the database.
+        await stop_part(self._history.aclose(), "routing history", HISTORY_STOP_S)
         if self._publisher is not None:
-            await self._publisher.aclose()
-        await self._history.aclose()
-        await self._ledger.aclose()
+            await stop_part(self._publisher.aclose(), "live-state publisher")
+        await stop_part(self._ledger.aclose(), "load ledger")
 
     def _queue(self, pool: PoolEntry, kind: str) -> PoolQueue:
         """Return the queue of the pool's requests of this kind, sized by its current setting."""

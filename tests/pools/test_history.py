@@ -4,6 +4,7 @@ history writer, read through the API, kept bounded."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import time
 import uuid
@@ -22,6 +23,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from nexus import graceful
 from nexus.models import Project, Role
 from nexus.services import redis_client
 from pools import history_retention, history_writer, tasks
@@ -36,6 +38,9 @@ from pools.gateway.history import (
     stream_key,
     writer_drops_key,
 )
+from pools.gateway.ledger import MemoryLedger
+from pools.gateway.publish import Publisher
+from pools.gateway.state import GatewayState
 from pools.history_writer import GROUP, StreamWriter
 from pools.models import Pool, RoutingOutcome, RoutingRecord, Target, TokenUsage
 from tests.nexus.factories import make_pool, make_target, make_user
@@ -757,3 +762,41 @@ def test_the_django_admin_shows_the_history_read_only(two_pools: tuple[Pool, Poo
     assert 'name="_save"' not in detail.content.decode()
     assert client.get("/admin/pools/routingrecord/add/").status_code == 403
     assert client.get(f"/admin/pools/routingrecord/{record.pk}/delete/").status_code == 403
+
+
+class StuckPublisher(Publisher):
+    """A publisher whose close does not end until released, deaf to cancelling too, as a close
+    stuck on a dead connection can be."""
+
+    released: asyncio.Event
+
+    async def aclose(self) -> None:
+        self.released = asyncio.Event()
+        while not self.released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.released.wait()
+
+
+async def test_a_part_stuck_at_shutdown_does_not_keep_the_history_from_being_shipped(
+    stream: Stream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a gateway with a routing record to ship and a publisher whose close hangs
+    monkeypatch.setattr(graceful, "PART_STOP_S", 0.3)
+    shipper = stream.shipper(ship_interval_s=3600)
+    publisher = StuckPublisher(settings.REDIS_URL, "test-stuck")
+    state = GatewayState(MemoryLedger(), shipper, publisher=publisher)
+    shipper.record(row(Pool(pk=1, slug="chat"), 1))
+
+    # when it stops
+    started = time.monotonic()
+    await asyncio.wait_for(state.aclose(), 5)
+
+    # then the record is shipped, the stuck part is left after its bound, and the log says
+    # where it waited
+    assert (shipper.shipped, stream.entries()) == (1, 1)
+    assert time.monotonic() - started < 2
+    [stuck] = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert stuck.startswith("live-state publisher still running after 0.3 s, waiting at:")
+    assert "in StuckPublisher.aclose" in stuck
+    publisher.released.set()  # its task ends, as the process would
+    await asyncio.sleep(0)

@@ -98,7 +98,7 @@ def exit_status(live: LiveServer, stacks_at: float | None = None) -> int:
             return live.process.wait(timeout=max(0.0, stacks_at - time.monotonic()))
         except subprocess.TimeoutExpired:
             # Once, a process whose streams had all finished still ran until the 20 s overrun
-            # stopped it: the stacks say where its shutdown waited.
+            # stopped it, its threads idle: its log says where the shutdown waited.
             live.process.send_signal(signal.SIGUSR1)  # nexus.asgi: faulthandler dumps the stacks
     try:
         return live.process.wait(timeout=EXIT_TIMEOUT_S)
@@ -210,4 +210,6 @@ def test_a_shutdown_that_never_ends_stops_the_process_past_the_grace(tmp_path: P
     # Then it stops by itself once the shutdown ran the overrun past the grace, and says why.
     assert status == 0, log[-3000:]
     assert grace_s + 1.0 <= exited_s < EXIT_TIMEOUT_S  # the application's overrun_s: 1 s
+    assert "graceful shutdown still running after 2 s, waiting at:" in log  # grace + overrun
+    assert "stuck_shutdown_asgi.py:24 in never_done" in log  # where it waited
     assert "graceful shutdown still running 1 s past the grace; stopping now" in log
