@@ -197,6 +197,50 @@ class Flight:
         )
 
 
+class HeldSlot:
+    """A slot claimed on a target for one attempt, given back exactly once.
+
+    Freed as soon as the target's answer has all arrived, before its last bytes go to the
+    client: a client that sends its next request the moment one ends finds the slot free, and
+    a waiter starts while the end is still being written (given back after the last write, it
+    was still counted when such a next request could arrive, and on a one-slot target that
+    request would go elsewhere or wait). Settled when the attempt ends, whatever ended it.
+    """
+
+    __slots__ = ("_state", "_pool", "_kind", "_target", "_lease", "_claimed_at", "_release")
+
+    def __init__(
+        self, state: GatewayState, pool: PoolEntry, kind: str, target: TargetEntry, lease: Lease
+    ) -> None:
+        self._state = state
+        self._pool = pool
+        self._kind = kind
+        self._target = target
+        self._lease = lease
+        self._claimed_at = time.monotonic()
+        self._release: asyncio.Future[None] | None = None
+
+    def free(self) -> None:
+        """Start giving the slot back on the loop's next turn: before the client can have
+        heard the answer end and sent another request, and without the shared ledger's round
+        trip delaying that end."""
+        if self._release is None:
+            held_s = time.monotonic() - self._claimed_at
+            self._release = asyncio.ensure_future(
+                self._state.release(self._pool, self._kind, self._target, self._lease, held_s)
+            )
+
+    async def settle(self) -> None:
+        """Give the slot back if not yet, and wait until it is.
+
+        Shielded: a client that leaves (even just after its answer ended) cancels the
+        request's task, and must not cancel giving the slot back with it.
+        """
+        self.free()
+        assert self._release is not None
+        await asyncio.shield(self._release)
+
+
 class Router:
     """Route flights through one process's live state, by its operations alone."""
 
@@ -265,16 +309,11 @@ class Router:
             flight.target = target
             if flight.decision is not None:
                 flight.decisions.append(flight.decision)
-            claimed_at = time.monotonic()
+            slot = HeldSlot(self.state, flight.pool, flight.kind, target, lease)
             try:
-                failure = await self._attempt(send, flight, target, attempt)
+                failure = await self._attempt(send, flight, target, attempt, slot)
             finally:
-                # Shielded: a client that leaves (even just after its answer ended) cancels
-                # this task, and must not cancel giving the slot back with it.
-                held_s = time.monotonic() - claimed_at
-                await asyncio.shield(
-                    self.state.release(flight.pool, flight.kind, target, lease, held_s)
-                )
+                await slot.settle()
             if failure is None:
                 return
             exclude.add(target.id)
@@ -374,7 +413,7 @@ class Router:
             flight.queue_wait_s += time.monotonic() - now
 
     async def _attempt(
-        self, send: Send, flight: Flight, target: TargetEntry, attempt: int
+        self, send: Send, flight: Flight, target: TargetEntry, attempt: int, slot: HeldSlot
     ) -> GatewayError | None:
         """Try one target; return what failed when the flight should move to another."""
         state = self.state
@@ -417,7 +456,7 @@ class Router:
                 reason = f"not retried: {timer.expired} passed after the request was sent"
                 self._record_attempt(flight, target, phase, None, False, reason)
                 raise errors.target_timeout(target.name, timer.expired) from None
-            return await self._answer(send, flight, target, attempt, sent_at, response, timer)
+            return await self._answer(send, flight, target, attempt, sent_at, response, timer, slot)
         finally:
             timer.stop()
 
@@ -430,6 +469,7 @@ class Router:
         sent_at: float,
         response: httpx.Response,
         timer: SilenceTimer,
+        slot: HeldSlot,
     ) -> GatewayError | None:
         """Relay the target's response, or return the refusal that moves the flight on."""
         state = self.state
@@ -472,8 +512,9 @@ class Router:
                 f"first-token timeout ({timeouts.first_token_s:g} s)",
             )
             await self._relay(
-                send, flight, target, response, attempt, sent_at, reason, timer, not_delivered
-            )
+                send, flight, target, response, attempt, sent_at, reason, timer, slot,
+                not_delivered,
+            )  # fmt: skip
         except asyncio.CancelledError:
             state.abandon(target)
             raise
@@ -536,12 +577,14 @@ class Router:
         sent_at: float,
         refusal: str,
         timer: SilenceTimer,
+        slot: HeldSlot,
         not_delivered: bool = False,
     ) -> None:
         """Relay the target's answer as it arrives, then record how the attempt went.
 
         refusal: why a 429/502/503/504 was not retried, when that is what is relayed.
         timer: ends the wait for the first chunk and between chunks (the pool's timeouts).
+        slot: freed once the target's answer has all arrived, before its end reaches the client.
         not_delivered: the node's agent answered for a replica the request never reached; the
         attempt counts as a failed connect.
         """
@@ -583,6 +626,7 @@ class Router:
                 self._finish(flight, target, phase, status, sent_at, None, 0, refusal)
                 raise failure from None
             first_at = time.monotonic()
+            slot.free()
             await send(start)
             await send({"type": "http.response.body", "body": body, "more_body": False})
             chunks = 1
@@ -606,10 +650,12 @@ class Router:
                 if not whole:
                     broken = _relay_failure(exc, target, timer)
                     timed_out = broken.code == "target_timeout"
+                    slot.free()
                     # Output already reached the client: no retry; end the stream with an error.
                     if is_sse:
                         event = b"data: " + _stream_error(target, broken) + b"\n\n"
                         await send({"type": "http.response.body", "body": event, "more_body": True})
+            slot.free()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             if not encoded:
                 flight.usage = read_usage(b"".join(tail))

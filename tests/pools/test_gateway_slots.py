@@ -114,3 +114,41 @@ async def test_no_slot_leaks_when_clients_leave_targets_fail_or_answer(
     assert [c.sent[0]["status"] for c in staying] == [200] * 6
     assert released
     assert engine.stats()["requests_running"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("make_ledger", [MemoryLedger, redis_ledger], ids=["memory", "redis"])
+@pytest.mark.django_db(transaction=True)
+async def test_the_slot_is_free_before_the_client_hears_the_answer_end(
+    engine: Simulator, make_ledger: Callable[[], LoadLedger], stream: bool
+) -> None:
+    """A client that sends its next request the moment an answer ends finds the slot free."""
+
+    def configure() -> tuple[str, int]:
+        pool = Pool.objects.create(name="Free", slug="free-at-end")
+        target = Target.objects.create(
+            pool=pool, name="only", base_url=engine.base_url, model_id="demo-8b"
+        )
+        return ApiToken.issue("free at end")[1], target.pk
+
+    token, target = await sync_to_async(configure)()
+    ledger = make_ledger()
+    app = Gateway(state=GatewayState(ledger=ledger))
+    body = {"model": "@pool/free-at-end", "messages": [{"role": "user", "content": "hi"}]}
+    client = Client({**body, "max_tokens": 3, "stream": stream}, token)
+    held_at_end: list[int] = []
+    send = client.send
+
+    async def send_then_answer(message: dict) -> None:
+        await send(message)
+        if message["type"] == "http.response.body" and not message["more_body"]:
+            # The client's next request reaches the gateway a loop turn later at the soonest.
+            await asyncio.sleep(0)
+            held_at_end.append(ledger.in_flight(target))
+
+    await asyncio.wait_for(app(client.scope, client.receive, send_then_answer), 10)
+    await app.aclose()
+    await upstream.close()
+
+    assert client.sent[0]["status"] == 200
+    assert held_at_end == [0]
