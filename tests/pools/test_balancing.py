@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,6 +34,7 @@ from nexus.models import ApiToken
 from pools import services
 from pools.models import Pool, RoutingRecord, Target, TargetState
 from tests.nexus.factories import make_pool, make_target
+from tests.support import traffic
 from tests.support.live import LiveServer, running_nexus
 from tests.support.ports import free_port
 from tests.support.prometheus import samples
@@ -273,31 +275,12 @@ def hold_slot(
 
 @contextmanager
 def holding_slot(world: World, pool: str) -> Iterator[None]:
-    """Hold a slot of the pool with a stream that lasts until the block ends (its client leaves
-    then, which gives the slot back at once): the block's requests find it held however slowly
-    they arrive, where a stream of so many tokens ends when a loaded machine has not yet sent
-    them (two queue tests failed so on a slower 2-core machine)."""
-    with raw_request(world, chat_body(pool, max_tokens=5000, stream=True)) as sock:
-        received = b""
-        while b"data:" not in received:
-            chunk = sock.recv(4096)
-            assert chunk, f"the holder's stream ended before its first event: {received!r}"
-            received += chunk
+    with traffic.holding_slot(world.nexus.port, world.token, pool):
         yield
 
 
-@contextmanager
-def raw_request(world: World, body: dict[str, Any]) -> Iterator[socket.socket]:
-    """Send a request on a bare socket; leaving the block closes it (the client is gone)."""
-    payload = json.dumps(body).encode()
-    with socket.create_connection(("127.0.0.1", world.nexus.port), timeout=5) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Authorization: Bearer " + world.token.encode() + b"\r\n"
-            b"Content-Type: application/json\r\n"
-            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
-        )
-        yield sock
+def raw_request(world: World, body: dict[str, Any]) -> ContextManager[socket.socket]:
+    return traffic.raw_request(world.nexus.port, world.token, body)
 
 
 def metric(world: World, name: str, **labels: str) -> float:

@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ from pools.models import Pool, RoutingRecord, Target, TargetHealth
 from tests.nexus.factories import make_pool, make_target
 from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulators
-from tests.support.traffic import Answer, chat_body, send
+from tests.support.traffic import Answer, chat_body, holding_slot, send
 from tests.support.waiting import wait_until
 
 # A configuration change reaches the gateway within its 1 s snapshot poll; with a margin.
@@ -122,15 +121,6 @@ def world(committed_db, django_db_blocker, tmp_path_factory) -> Iterator[World]:
                 ApiToken.objects.filter(pk=issued.pk).delete()
 
 
-def hold_slot(executor: ThreadPoolExecutor, world: World, pool: str, tokens: int) -> Future[Answer]:
-    """Start a stream of `tokens` tokens in the background; return once it holds its slot."""
-    started = threading.Event()
-    future = executor.submit(world.chat, pool, started, max_tokens=tokens, stream=True)
-    wait_until(lambda: started.is_set() or future.done(), timeout_s=5)
-    assert started.is_set(), future.result()
-    return future
-
-
 def test_a_degraded_target_takes_no_request_while_a_healthy_one_has_room(world: World) -> None:
     answers = [world.chat("degraded-ranking") for _ in range(4)]
 
@@ -146,12 +136,10 @@ def test_a_degraded_target_takes_no_request_while_a_healthy_one_has_room(world: 
 
 
 def test_a_degraded_target_serves_when_every_healthy_one_is_full(world: World) -> None:
-    with ThreadPoolExecutor(max_workers=1) as executor:
-        stream = hold_slot(executor, world, "degraded-ranking", tokens=50)
+    # The healthy target's only slot held by a stream until the request has its answer
+    with holding_slot(world.nexus.port, world.token, "degraded-ranking"):
         answer = world.chat("degraded-ranking")
-        held = stream.result()
 
-    assert (held.status, held.target, held.done) == (200, "healthy", True)
     assert (answer.status, answer.target, answer.attempts) == (200, "degraded", 1)
     [skipped] = world.record(answer).decision["skipped"]
     assert (skipped["name"], skipped["reason"]) == ("healthy", "full")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,3 +100,33 @@ def send(
         else:
             content = response.read()
     return Answer(response.status_code, response.headers, content, events, began, time.monotonic())
+
+
+@contextmanager
+def raw_request(port: int, token: str, body: dict[str, Any]) -> Iterator[socket.socket]:
+    """Send a chat request on a bare socket to 127.0.0.1:port; leaving the block closes it (the
+    client is gone)."""
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer " + token.encode() + b"\r\n"
+            b"Content-Type: application/json\r\n"
+            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+        )
+        yield sock
+
+
+@contextmanager
+def holding_slot(port: int, token: str, pool: str) -> Iterator[None]:
+    """Hold a slot of the pool with a stream that lasts until the block ends (its client leaves
+    then, which gives the slot back at once): the block's requests find it held however slowly
+    they arrive, where a stream of so many tokens ends when a loaded machine has not yet sent
+    them (two queue tests failed so on a slower 2-core machine)."""
+    with raw_request(port, token, chat_body(pool, max_tokens=5000, stream=True)) as sock:
+        received = b""
+        while b"data:" not in received:
+            chunk = sock.recv(4096)
+            assert chunk, f"the holder's stream ended before its first event: {received!r}"
+            received += chunk
+        yield
