@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager as ContextManager
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -274,9 +274,9 @@ def hold_slot(
 
 
 @contextmanager
-def holding_slot(world: World, pool: str) -> Iterator[None]:
-    with traffic.holding_slot(world.nexus.port, world.token, pool):
-        yield
+def holding_slot(world: World, pool: str, **holder: Any) -> Iterator[str | None]:
+    with traffic.holding_slot(world.nexus.port, world.token, pool, **holder) as target:
+        yield target
 
 
 def raw_request(world: World, body: dict[str, Any]) -> ContextManager[socket.socket]:
@@ -297,12 +297,17 @@ def queued(world: World, pool: str) -> float:
 
 
 def join_queue(
-    executor: ThreadPoolExecutor, world: World, pool: str, **chat: Any
+    executor: ThreadPoolExecutor,
+    world: World,
+    pool: str,
+    send: Callable[[], Answer] | None = None,
+    **chat: Any,
 ) -> Future[Answer]:
-    """Send a chat request that must wait; return once the queue holds it (one more than
-    before), so that requests sent one after another queue in that order on any machine."""
+    """Send a chat request that must wait (`send`, else one of `chat`'s); return once the queue
+    holds it (one more than before), so that requests sent one after another queue in that
+    order on any machine."""
     before = queued(world, pool)
-    future = executor.submit(world.chat, pool, **chat)
+    future = executor.submit(send or (lambda: world.chat(pool, **chat)))
     wait_until(
         lambda: queued(world, pool) > before or future.done(),
         timeout_s=10,
@@ -809,42 +814,40 @@ def test_a_conversation_yields_when_its_target_is_much_busier_and_the_history_sa
     assert utilization == 1.0  # (3 running + this request) / 4 slots
 
 
-# Timing: the conversation's slot must free while the other target is still busy.
-@pytest.mark.serial
 def test_a_slot_freed_on_a_conversations_target_goes_to_it_before_an_earlier_waiter(
     world: World,
 ) -> None:
     session = {SESSION: f"s-wake-{uuid.uuid4().hex[:8]}"}
     home = turn(world, "wake-affinity", 1, headers=session).target
     assert home is not None
-    with ThreadPoolExecutor(max_workers=4) as executor:
-        # The conversation's own target is busy for 2 s, the other for 4 s: both waiters are
-        # queued well before the first slot frees, even on a loaded machine (with 1.2 s, a run
-        # saw the conversation woken in fair order: it was not behind the earlier waiter then).
-        started = threading.Event()
-        short = executor.submit(
-            world.chat,
-            "wake-affinity",
-            headers=session,
-            max_tokens=100,
-            stream=True,
-            started=started,
-        )
-        wait_until(started.is_set, timeout_s=5)
-        long = hold_slot(executor, world, "wake-affinity", tokens=200)
-        # The earlier waiter is first in line.
-        earlier = join_queue(executor, world, "wake-affinity", content="Something else")
-        later = executor.submit(turn, world, "wake-affinity", 2, headers=session)
+    # Both one-slot targets are held until the test lets go, the conversation's own by a stream
+    # of the same conversation: both waiters are in the queue before a slot frees on any
+    # machine (with streams of fixed lengths, a loaded one saw the conversation queued late).
+    with ThreadPoolExecutor(max_workers=2) as executor, ExitStack() as other_holder:
+        with holding_slot(world, "wake-affinity", headers=session) as held_home:
+            assert held_home == home
+            other = other_holder.enter_context(
+                holding_slot(world, "wake-affinity", content="Another client")
+            )
+            assert other not in (None, home)
+            # The earlier waiter is first in line.
+            earlier = join_queue(executor, world, "wake-affinity", content="Something else")
+            later = join_queue(
+                executor,
+                world,
+                "wake-affinity",
+                send=lambda: turn(world, "wake-affinity", 2, headers=session),
+            )
+        # The conversation's target frees its slot; the other stays held.
+        conversation = later.result()
+        assert conversation.status == 200
+        assert conversation.target == home
+        first_in_line = earlier.result()  # the slot the conversation leaves
 
-        conversation, first_in_line = later.result(), earlier.result()
-        assert short.result().target == home
-        assert long.result().target not in (None, home)
-
-    assert conversation.status == 200
-    assert conversation.target == home
     decision = world.record(conversation).decision
     assert decision["woken_by"] == f"conversation on {home}, ahead of 1 earlier waiter"
     assert decision["continuity"] == "kept"
+    assert first_in_line.target == home
     assert world.record(first_in_line).decision["woken_by"] == "fair order"
 
 

@@ -103,30 +103,50 @@ def send(
 
 
 @contextmanager
-def raw_request(port: int, token: str, body: dict[str, Any]) -> Iterator[socket.socket]:
+def raw_request(
+    port: int, token: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> Iterator[socket.socket]:
     """Send a chat request on a bare socket to 127.0.0.1:port; leaving the block closes it (the
     client is gone)."""
     payload = json.dumps(body).encode()
+    extra = b"".join(f"{name}: {value}\r\n".encode() for name, value in (headers or {}).items())
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Authorization: Bearer " + token.encode() + b"\r\n"
-            b"Content-Type: application/json\r\n"
+            b"Authorization: Bearer "
+            + token.encode()
+            + b"\r\n"
+            + extra
+            + b"Content-Type: application/json\r\n"
             b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
         )
         yield sock
 
 
 @contextmanager
-def holding_slot(port: int, token: str, pool: str) -> Iterator[None]:
+def holding_slot(
+    port: int,
+    token: str,
+    pool: str,
+    *,
+    content: str = "Hello there",
+    headers: dict[str, str] | None = None,
+) -> Iterator[str | None]:
     """Hold a slot of the pool with a stream that lasts until the block ends (its client leaves
-    then, which gives the slot back at once): the block's requests find it held however slowly
-    they arrive, where a stream of so many tokens ends when a loaded machine has not yet sent
-    them (two queue tests failed so on a slower 2-core machine)."""
-    with raw_request(port, token, chat_body(pool, max_tokens=5000, stream=True)) as sock:
+    then, which gives the slot back at once), and give the block the target holding it
+    (X-Nexus-Target): the block's requests find it held however slowly they arrive, where a
+    stream of so many tokens ends when a loaded machine has not yet sent them (two queue tests
+    failed so on a slower 2-core machine)."""
+    body = chat_body(pool, content, max_tokens=5000, stream=True)
+    with raw_request(port, token, body, headers) as sock:
         received = b""
         while b"data:" not in received:
             chunk = sock.recv(4096)
             assert chunk, f"the holder's stream ended before its first event: {received!r}"
             received += chunk
-        yield
+        head = received.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+        fields = dict(line.split(":", 1) for line in head if ":" in line)
+        yield next(
+            (value.strip() for name, value in fields.items() if name.lower() == "x-nexus-target"),
+            None,
+        )
