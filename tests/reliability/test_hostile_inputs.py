@@ -24,7 +24,7 @@ from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
 from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
-from tests.support.traffic import chat_body, send
+from tests.support.traffic import chat_body, parse_headers, send
 
 MIB = 1024 * 1024
 SERVERS = ["daphne", "uvicorn"]
@@ -130,11 +130,6 @@ def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     assert head, "no answer at all: the connection was dropped"
     status = int(head.split(b" ", 2)[1])
     return status, parse_headers(head), body
-
-
-def parse_headers(head: bytes) -> dict[str, str]:
-    lines = head.decode("latin-1").split("\r\n")[1:]
-    return {name.lower(): value.strip() for name, _, value in (h.partition(":") for h in lines)}
 
 
 def assert_openai_error(status: int, headers: dict[str, str], body: bytes, code: str) -> None:

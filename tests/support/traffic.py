@@ -109,18 +109,24 @@ def raw_request(
     """Send a chat request on a bare socket to 127.0.0.1:port; leaving the block closes it (the
     client is gone)."""
     payload = json.dumps(body).encode()
-    extra = b"".join(f"{name}: {value}\r\n".encode() for name, value in (headers or {}).items())
+    fields = {
+        "Host": "127.0.0.1",
+        "Authorization": f"Bearer {token}",
+        **(headers or {}),
+        "Content-Type": "application/json",
+        "Content-Length": str(len(payload)),
+    }
+    head = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Authorization: Bearer "
-            + token.encode()
-            + b"\r\n"
-            + extra
-            + b"Content-Type: application/json\r\n"
-            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
-        )
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\n{head}\r\n".encode() + payload)
         yield sock
+
+
+def parse_headers(head: bytes) -> dict[str, str]:
+    """Return an HTTP answer's header fields (names lowercased) from its head (status line and
+    fields, without the blank line)."""
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    return {name.lower(): value.strip() for name, _, value in (h.partition(":") for h in lines)}
 
 
 @contextmanager
@@ -144,9 +150,4 @@ def holding_slot(
             chunk = sock.recv(4096)
             assert chunk, f"the holder's stream ended before its first event: {received!r}"
             received += chunk
-        head = received.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
-        fields = dict(line.split(":", 1) for line in head if ":" in line)
-        yield next(
-            (value.strip() for name, value in fields.items() if name.lower() == "x-nexus-target"),
-            None,
-        )
+        yield parse_headers(received.partition(b"\r\n\r\n")[0]).get("x-nexus-target")
