@@ -633,13 +633,18 @@ class Router:
             if not encoded and USAGE_KEY in body:
                 flight.usage = read_usage(body)
         else:
-            await send(start)
+            # The answer's head goes with its first bytes, as daphne (Twisted) and the engines'
+            # aiohttp servers send theirs: uvicorn wrote it at once, and a loaded client then
+            # read the head and the first chunk in two turns of its loop (docs/gateway.md).
+            head_sent = False
             tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
             try:
                 async for chunk in arrived_chunks(response):
                     timer.heard()
                     if first_at is None:
                         first_at = time.monotonic()
+                        await send(start)
+                        head_sent = True
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     chunks += 1
                     tail.append(chunk)
@@ -651,11 +656,17 @@ class Router:
                     broken = _relay_failure(exc, target, timer)
                     timed_out = broken.code == "target_timeout"
                     slot.free()
-                    # Output already reached the client: no retry; end the stream with an error.
+                    # The target's answer has begun (its head is relayed now if no byte came):
+                    # no retry; end the stream with an error.
+                    if not head_sent:
+                        await send(start)
+                        head_sent = True
                     if is_sse:
                         event = b"data: " + _stream_error(target, broken) + b"\n\n"
                         await send({"type": "http.response.body", "body": event, "more_body": True})
             slot.free()
+            if not head_sent:
+                await send(start)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             if not encoded:
                 flight.usage = read_usage(b"".join(tail))

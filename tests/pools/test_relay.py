@@ -1,4 +1,5 @@
-"""The relay's reads of an answer: everything that has arrived in one piece, never waiting for more.
+"""The relay's reads of an answer: everything that has arrived in one piece, never waiting for more;
+and the answer's head, which goes to the client with its first bytes.
 
 A real HTTP/1.1 server on 127.0.0.1 writes a chunked event stream in separate writes; the
 gateway's own upstream client (httpx over aiohttp) reads it as the relay does.
@@ -12,10 +13,17 @@ from contextlib import asynccontextmanager
 
 import httpx
 import pytest
+from asgiref.sync import sync_to_async
 from pytest_django.fixtures import Settings
 
 from nexus import upstream
+from nexus.models import ApiToken
+from pools.gateway.app import Gateway
 from pools.gateway.flight import arrived_chunks
+from pools.gateway.ledger import MemoryLedger
+from pools.gateway.state import GatewayState
+from pools.models import Pool, Target
+from tests.support import asgi
 
 EVENTS = [f'data: {{"n": {n}}}\n\n'.encode() for n in range(5)]
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -36,8 +44,9 @@ async def event_server(
         writer.write(HEAD)
         await writer.drain()
         await write(writer)  # type: ignore[misc]
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
+        if not writer.is_closing():  # `write` may have broken the connection off
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
         writer.close()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
@@ -127,3 +136,99 @@ async def test_the_read_timeout_counts_from_the_last_byte(settings: Settings) ->
 
     assert b"".join(pieces) == EVENTS[0] * 8
     assert 0.4 <= timed_out - last_write[-1] < 0.4 + 0.25
+
+
+CHAT = "/chat/completions"
+
+
+async def relay_through_gateway(
+    url: str, wrote: asyncio.Event, go_on: asyncio.Event
+) -> tuple[list[dict], list[dict]]:
+    """Stream a chat answer from the target at url through the gateway, in process.
+
+    The target writes its head, sets `wrote` and waits for `go_on`. Return what the gateway had
+    sent its client 0.2 s after the head was written (when `go_on` is set), and everything it
+    sent in the end.
+    """
+
+    def configure() -> str:
+        pool = Pool.objects.create(name="Head", slug="head")
+        base_url = url.removesuffix(CHAT)
+        Target.objects.create(pool=pool, name="only", base_url=base_url, model_id="m")
+        return ApiToken.issue("head")[1]
+
+    token = await sync_to_async(configure)()
+    app = Gateway(state=GatewayState(ledger=MemoryLedger()))
+    headers = [(b"authorization", f"Bearer {token}".encode())]
+    scope = asgi.http_scope("POST", "/v1/chat/completions", headers)
+    requests = [{"type": "http.request", "body": b'{"model": "@pool/head", "stream": true}'}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if requests:
+            return requests.pop()
+        await asyncio.Event().wait()  # a connected client: nothing more to say
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    calling = asyncio.create_task(app(scope, receive, send))
+    try:
+        await asyncio.wait_for(wrote.wait(), 5)
+        await asyncio.sleep(0.2)  # the target's head has reached the gateway
+        before = list(sent)
+        go_on.set()
+        await asyncio.wait_for(calling, 5)
+    finally:
+        calling.cancel()
+        await app.aclose()
+    return before, sent
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_streamed_answers_head_goes_to_the_client_with_its_first_bytes() -> None:
+    # uvicorn writes a head as soon as it is given; a loaded client then reads the head and the
+    # first chunk in two turns of its loop. daphne (Twisted) and aiohttp hold it back anyway.
+    wrote, go_on = asyncio.Event(), asyncio.Event()
+
+    async def head_then_events(writer: asyncio.StreamWriter) -> None:
+        wrote.set()
+        await asyncio.wait_for(go_on.wait(), 5)
+        for event in EVENTS:
+            writer.write(http_chunk(event))
+            await writer.drain()
+
+    async with event_server(head_then_events) as url:
+        before, sent = await relay_through_gateway(url, wrote, go_on)
+
+    assert before == []
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert sent[1]["body"].startswith(EVENTS[0])
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"".join(EVENTS)
+
+
+@pytest.mark.parametrize("breaks_off", [False, True], ids=["empty", "cut-off"])
+@pytest.mark.django_db(transaction=True)
+async def test_an_answer_without_a_byte_still_gets_its_head_and_one_cut_off_its_error(
+    breaks_off: bool,
+) -> None:
+    wrote, go_on = asyncio.Event(), asyncio.Event()
+
+    async def head_only(writer: asyncio.StreamWriter) -> None:
+        wrote.set()
+        await asyncio.wait_for(go_on.wait(), 5)
+        if breaks_off:
+            writer.transport.abort()
+
+    async with event_server(head_only) as url:
+        before, sent = await relay_through_gateway(url, wrote, go_on)
+
+    assert before == []
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    events = b"".join(m.get("body", b"") for m in sent[1:])
+    if breaks_off:
+        assert events.startswith(b"data: ") and b'"error"' in events, events
+    else:
+        assert events == b""
