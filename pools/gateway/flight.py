@@ -636,15 +636,14 @@ class Router:
             # The answer's head goes with its first bytes, as daphne (Twisted) and the engines'
             # aiohttp servers send theirs: uvicorn wrote it at once, and a loaded client then
             # read the head and the first chunk in two turns of its loop (docs/gateway.md).
-            head_sent = False
             tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
+            error_event = b""
             try:
                 async for chunk in arrived_chunks(response):
                     timer.heard()
                     if first_at is None:
                         first_at = time.monotonic()
                         await send(start)
-                        head_sent = True
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     chunks += 1
                     tail.append(chunk)
@@ -655,18 +654,14 @@ class Router:
                 if not whole:
                     broken = _relay_failure(exc, target, timer)
                     timed_out = broken.code == "target_timeout"
-                    slot.free()
-                    # The target's answer has begun (its head is relayed now if no byte came):
-                    # no retry; end the stream with an error.
-                    if not head_sent:
-                        await send(start)
-                        head_sent = True
+                    # The target's answer has begun: no retry; the stream ends with an error.
                     if is_sse:
-                        event = b"data: " + _stream_error(target, broken) + b"\n\n"
-                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                        error_event = b"data: " + _stream_error(target, broken) + b"\n\n"
             slot.free()
-            if not head_sent:
-                await send(start)
+            if first_at is None:
+                await send(start)  # no byte came: the head goes with the end
+            if error_event:
+                await send({"type": "http.response.body", "body": error_event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             if not encoded:
                 flight.usage = read_usage(b"".join(tail))

@@ -161,19 +161,9 @@ async def relay_through_gateway(
     app = Gateway(state=GatewayState(ledger=MemoryLedger()))
     headers = [(b"authorization", f"Bearer {token}".encode())]
     scope = asgi.http_scope("POST", "/v1/chat/completions", headers)
-    requests = [{"type": "http.request", "body": b'{"model": "@pool/head", "stream": true}'}]
+    body = b'{"model": "@pool/head", "stream": true}'
     sent: list[dict] = []
-
-    async def receive() -> dict:
-        if requests:
-            return requests.pop()
-        await asyncio.Event().wait()  # a connected client: nothing more to say
-        raise AssertionError("unreachable")
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    calling = asyncio.create_task(app(scope, receive, send))
+    calling = asyncio.create_task(asgi.call(app, scope, body, sent))
     try:
         await asyncio.wait_for(wrote.wait(), 5)
         await asyncio.sleep(0.2)  # the target's head has reached the gateway

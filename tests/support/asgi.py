@@ -37,14 +37,20 @@ def http_scope(
     }
 
 
-async def call(app: Application, scope: dict[str, Any], body: bytes | None = b"") -> list[Message]:
+async def call(
+    app: Application,
+    scope: dict[str, Any],
+    body: bytes | None = b"",
+    sent: list[Message] | None = None,
+) -> list[Message]:
     """Send one request and return every message the application sent back.
 
     The client stays connected until the answer is complete, as a server's does. With body None,
-    reading the request fails the test: the answer must come unread.
+    reading the request fails the test: the answer must come unread. `sent`: the list the
+    messages are appended to as they come, for a test that watches an answer in progress.
     """
     incoming = [] if body is None else [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[Message] = []
+    sent = [] if sent is None else sent
 
     async def receive() -> Message:
         if body is None:
