@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import ipaddress
 import socket
+import ssl
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from nodes.agent.identity import fingerprint_of, verify_challenge
 from nodes.client import AgentClient, AgentRefused, AgentUnreachable
@@ -23,6 +33,57 @@ def silent_port() -> Iterator[int]:
         server.bind(("127.0.0.1", 0))
         server.listen(8)
         yield server.getsockname()[1]
+
+
+@pytest.fixture
+def self_signed_tls_port(tmp_path: Path) -> Iterator[int]:
+    """A port whose server speaks TLS with a self-signed certificate for 127.0.0.1."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    (tmp_path / "cert.pem").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+
+    def serve(server: socket.socket) -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:  # the fixture closed the socket
+                return
+            # The client gives up on the certificate during the handshake.
+            with connection, contextlib.suppress(ssl.SSLError, OSError):
+                context.wrap_socket(connection, server_side=True).close()
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        serving = threading.Thread(target=serve, args=(server,), daemon=True)
+        serving.start()
+        yield server.getsockname()[1]
+        server.shutdown(socket.SHUT_RDWR)
+    serving.join(timeout=5)
 
 
 def test_info_carries_a_signature_of_the_challenge_by_the_agents_key(
@@ -98,3 +159,16 @@ def test_a_silent_agent_times_out_after_the_timeout(silent_port: int) -> None:
 
     assert silent.value.reason == "timed out after 0.5 s"
     assert WRONG not in repr(silent.value)
+
+
+def test_an_agent_behind_a_certificate_no_authority_signed_is_refused_every_time(
+    self_signed_tls_port: int,
+) -> None:
+    # Every client of the process shares one TLS context (built once): each still verifies.
+    for _ in range(2):
+        agent = AgentClient(f"https://127.0.0.1:{self_signed_tls_port}", WRONG, timeout_s=5)
+        with agent, pytest.raises(AgentUnreachable) as refused:
+            agent.info()
+
+        assert "CERTIFICATE_VERIFY_FAILED" in refused.value.reason
+        assert WRONG not in repr(refused.value)
