@@ -18,7 +18,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from django.db import connections
 from django.utils import timezone
@@ -29,6 +28,7 @@ from tests.deployments.factories import make_deployment, make_node
 from tests.deployments.test_deploying_to_agents import MIB, MODEL, deploy_file, fleet_node
 from tests.support.agent import running_agent
 from tests.support.fileserver import serving_file
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 from tests.support.worker import running_worker
@@ -241,5 +241,5 @@ def test_a_deployment_whose_worker_was_killed_is_finished_by_another_on_the_same
         assert (done.attempt, done.agent_job_id) == (1, lost.agent_job_id)
         gets = [request["range"] for request in server.requests if request["method"] == "GET"]
         assert gets == [None], server.requests
-        jobs = httpx.get(f"{agent.url}/agent/v1/jobs", headers=agent.headers(), timeout=5)
+        jobs = LOOPBACK.get(f"{agent.url}/agent/v1/jobs", headers=agent.headers(), timeout=5)
         assert [job["id"] for job in jobs.json()["data"]] == [lost.agent_job_id]

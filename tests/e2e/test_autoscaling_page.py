@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
@@ -24,6 +23,7 @@ from serving.models import Service
 from tests.nexus.factories import make_user
 from tests.serving.fleet import make_service, model_folder
 from tests.support.browser import PASSWORD, arrive, sign_in
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.prometheus import PROMETHEUS, SKIP_REASON, Prometheus, running_prometheus
 from tests.support.screenshots import screenshot
@@ -50,7 +50,7 @@ def prometheus(tmp_path: Path) -> Iterator[Prometheus]:
 
 
 def _series(server: Prometheus) -> int:
-    answer = httpx.get(
+    answer = LOOPBACK.get(
         f"{server.url}/api/v1/query",
         params={"query": 'vllm:num_requests_waiting{nexus_service="chat"}'},
         timeout=5,

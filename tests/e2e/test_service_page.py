@@ -21,6 +21,7 @@ from serving.pool_sync import sync_service_pool
 from tests.nexus.factories import make_user
 from tests.serving.test_services_api import make_service
 from tests.support.browser import PASSWORD, committed, sign_in
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.screenshots import screenshot
 
@@ -61,7 +62,7 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 def serve(nexus: LiveServer, secret: str) -> httpx.Response:
-    return httpx.post(
+    return LOOPBACK.post(
         f"{nexus.url}/serve/chat/v1/chat/completions",
         headers={"Authorization": f"Bearer {secret}"},
         json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support.http import LOOPBACK
 from tests.support.live import running_nexus
 
 
@@ -18,7 +18,9 @@ def test_daphne_logs_a_line_per_request_only_when_asked(
     # Unbuffered: daphne's access log goes to stdout, which a stop by signal would not flush.
     with running_nexus(tmp_path, NEXUS_ACCESS_LOG=setting, PYTHONUNBUFFERED="1") as server:
         for _ in range(3):
-            assert httpx.get(f"{server.url}/healthz?probe=access-log", timeout=5).status_code == 200
+            assert (
+                LOOPBACK.get(f"{server.url}/healthz?probe=access-log", timeout=5).status_code == 200
+            )
         server.stop()  # the log is complete once the process is gone
         log = server.log()
 

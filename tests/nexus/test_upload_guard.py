@@ -26,6 +26,7 @@ from serving import folders
 from serving.models import ModelFolder
 from tests.nexus.factories import make_user
 from tests.support import asgi, processes
+from tests.support.http import LOOPBACK
 from tests.support.live import REPO_ROOT, running_nexus, server_environment
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -125,7 +126,7 @@ def running_uvicorn(tmp_dir: Path) -> Iterator[str]:
         if process.poll() is not None:
             raise RuntimeError(f"uvicorn exited:\n{log_path.read_text()}")
         try:
-            return httpx.get(f"{url}/healthz", timeout=2).status_code in (200, 503)
+            return LOOPBACK.get(f"{url}/healthz", timeout=2).status_code in (200, 503)
         except httpx.HTTPError:
             return False
 
@@ -193,7 +194,7 @@ def test_a_2_gb_upload_is_refused_at_its_headers_and_nothing_is_written(
         assert list(folder.path.iterdir()) == []
 
         # and an upload within the limit still goes through
-        uploaded = httpx.post(
+        uploaded = LOOPBACK.post(
             f"{url}{UPLOAD}",
             headers={"Authorization": f"Bearer {token}"},
             files={"file": ("config.json", b"{}")},

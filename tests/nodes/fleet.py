@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from nodes import services
 from nodes.models import Node
 from tests.support.agent import RunningAgent
+from tests.support.http import LOOPBACK
 from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +27,7 @@ def serve_simulator(agent: RunningAgent, model_id: str = SIM_MODEL, **flags: Any
     argv += ["--host", "127.0.0.1", "--port", "${PORT}", "--ttft-ms", "0", "--tpot-ms", "1"]
     for name, value in flags.items():
         argv += ["--" + name.replace("_", "-"), str(value)]
-    started = httpx.post(
+    started = LOOPBACK.post(
         f"{agent.url}/agent/v1/processes",
         headers=agent.headers(),
         json={
@@ -43,7 +42,7 @@ def serve_simulator(agent: RunningAgent, model_id: str = SIM_MODEL, **flags: Any
     process_id = started.json()["id"]
 
     def listening() -> bool:
-        log = httpx.get(
+        log = LOOPBACK.get(
             f"{agent.url}/agent/v1/processes/{process_id}/log",
             headers=agent.headers(),
             timeout=5,
@@ -56,7 +55,7 @@ def serve_simulator(agent: RunningAgent, model_id: str = SIM_MODEL, **flags: Any
 
 def stop_process(agent: RunningAgent, process_id: str) -> None:
     """Stop one of the agent's processes (quickly: the simulator exits on SIGTERM)."""
-    httpx.delete(
+    LOOPBACK.delete(
         f"{agent.url}/agent/v1/processes/{process_id}",
         params={"grace": 2},
         headers=agent.headers(),

@@ -20,6 +20,7 @@ from nodes.models import Node, NodeStatus, NodeTrust
 from pools.models import Pool, Target
 from tests.nodes.fleet import SIM_MODEL, agent_args, serve_simulator
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.waiting import wait_until
 
@@ -43,7 +44,7 @@ class World:
         return openai.OpenAI(base_url=f"{self.nexus.url}/v1", api_key=self.token, max_retries=0)
 
     def chat(self) -> httpx.Response:
-        return httpx.post(
+        return LOOPBACK.post(
             f"{self.nexus.url}/v1/chat/completions",
             json={"model": "@pool/fleet", "messages": [{"role": "user", "content": "Hi"}]},
             headers={"Authorization": f"Bearer {self.token}"},

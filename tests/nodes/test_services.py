@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import pytest
 
 from nexus.models import ConfigVersion
@@ -25,6 +24,7 @@ from tests.nodes.fleet import (
     trusted_node,
 )
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +40,7 @@ def own_agent(tmp_path: Path) -> Iterator[RunningAgent]:
 @pytest.fixture
 def replaying_agent(agent_one: RunningAgent) -> Iterator[str]:
     """An impostor at another address that replays the real agent's signed answer."""
-    captured = httpx.get(
+    captured = LOOPBACK.get(
         f"{agent_one.url}/agent/v1/info",
         params={"challenge": "00" * 32},
         headers=agent_one.headers(),

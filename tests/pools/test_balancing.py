@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from django.conf import settings
@@ -35,6 +34,7 @@ from pools import services
 from pools.models import Pool, RoutingRecord, Target, TargetState
 from tests.nexus.factories import make_pool, make_target
 from tests.support import traffic
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.ports import free_port
 from tests.support.prometheus import samples
@@ -285,7 +285,7 @@ def raw_request(world: World, body: dict[str, Any]) -> ContextManager[socket.soc
 
 def metric(world: World, name: str, **labels: str) -> float:
     """Return the value of one sample at the live server's /metrics (0 while it has none)."""
-    response = httpx.get(f"{world.nexus.url}/metrics", timeout=5)
+    response = LOOPBACK.get(f"{world.nexus.url}/metrics", timeout=5)
     assert response.status_code == 200
     return samples(response.text).get((name, frozenset(labels.items())), 0.0)
 
@@ -464,7 +464,7 @@ def test_a_stream_whose_connection_closes_after_its_done_is_whole_not_broken(
 def test_a_client_error_from_the_engine_is_relayed_as_is_and_not_retried(world: World) -> None:
     # More output than the engine's context (--max-model-len 32768) allows: its own 400.
     body = chat_body("bad-request", max_tokens=100_000)
-    direct = httpx.post(
+    direct = LOOPBACK.post(
         f"{world.engines['good'].base_url}/chat/completions",
         json={**body, "model": "demo-8b"},
         timeout=5,
@@ -784,7 +784,7 @@ def test_a_conversation_yields_when_its_target_is_much_busier_and_the_history_sa
             "max_tokens": 400,
             "stream": True,
         }
-        with httpx.stream(
+        with LOOPBACK.stream(
             "POST", f"{engine.base_url}/chat/completions", json=body, timeout=15
         ) as response:
             for _ in response.iter_lines():

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from nexus.models import ApiToken
 from pools.models import Pool, Target
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.ports import free_port
 from tests.support.simulator import Simulator, running_simulator
@@ -46,7 +47,7 @@ class World:
         return openai.OpenAI(base_url=self.v1, api_key=token or self.token, max_retries=0)
 
     def post(self, path: str, body: object, token: str | None = None) -> httpx.Response:
-        return httpx.post(
+        return LOOPBACK.post(
             f"{self.v1}{path}",
             json=body,
             headers={"Authorization": f"Bearer {token or self.token}"},
@@ -209,7 +210,7 @@ def _error(exc: openai.APIStatusError) -> dict[str, object]:
 
 
 def test_it_refuses_a_request_without_a_token(world: World) -> None:
-    response = httpx.post(f"{world.v1}/chat/completions", json={"model": "@pool/demo"})
+    response = LOOPBACK.post(f"{world.v1}/chat/completions", json={"model": "@pool/demo"})
 
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "invalid_api_key"
@@ -259,7 +260,7 @@ def test_it_answers_model_not_found_for_anything_but_a_known_pool(world: World, 
 
 
 def test_it_rejects_a_body_that_is_not_json(world: World) -> None:
-    response = httpx.post(
+    response = LOOPBACK.post(
         f"{world.v1}/chat/completions",
         content=b'{"model": "@pool/demo", ',
         headers={"Authorization": f"Bearer {world.token}", "Content-Type": "application/json"},
@@ -327,7 +328,7 @@ def test_it_relays_an_engine_error_in_the_openai_shape(world: World) -> None:
 def test_it_ends_a_stream_that_breaks_off_with_an_error_event_not_done(world: World) -> None:
     world.flaky.set_faults(cut_stream_after=3)
     try:
-        with httpx.stream(
+        with LOOPBACK.stream(
             "POST",
             f"{world.v1}/chat/completions",
             json={

@@ -38,6 +38,7 @@ from pools.models import Pool, RoutingRecord, Target
 from serving import tokens
 from serving.models import Service, ServiceLifecycle
 from tests.support import asgi
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
 from tests.support.waiting import wait_until
@@ -166,7 +167,7 @@ class World:
         headers = kw.pop("headers", {})
         if token is not None:
             headers["Authorization"] = f"{scheme} {token}"
-        return httpx.request(
+        return LOOPBACK.request(
             method, f"{self.nexus.url}/serve/{path}", headers=headers, timeout=10, **kw
         )
 
@@ -295,7 +296,7 @@ def test_it_answers_a_head_request_without_a_body(world: World) -> None:
 
 def test_it_relays_events_as_the_replica_produces_them(world: World) -> None:
     arrivals: list[float] = []
-    with httpx.stream(
+    with LOOPBACK.stream(
         "GET",
         f"{world.nexus.url}/serve/open/drip",
         timeout=10,

@@ -27,6 +27,7 @@ from tests.nodes.agent.test_processes_api import python, wait_for_log
 from tests.pools.test_serve_gateway import make_service, service_token
 from tests.serving.test_probes import stop_process
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 
 POSTS = 6
@@ -42,7 +43,7 @@ class World:
     hosted_hits: list[int]  # requests each hosted target received, by target
 
     def post(self, path: str, token: str) -> httpx.Response:
-        return httpx.post(
+        return LOOPBACK.post(
             f"{self.nexus.url}/serve/{path}",
             headers={"Authorization": f"Bearer {token}"},
             content=b'{"order": 1}',

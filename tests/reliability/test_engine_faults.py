@@ -23,6 +23,7 @@ from nexus.models import ApiToken
 from pools.models import Pool, RoutingRecord
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulators
 from tests.support.traffic import Answer, chat_body, send
@@ -51,7 +52,7 @@ class World:
         """Send a prompt as escaped JSON: it may hold what UTF-8 cannot (a lone surrogate)."""
         body = json.dumps(chat_body(self.pool, content, max_tokens=4))
         headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-        return httpx.post(self.url, content=body, headers=headers, timeout=15)
+        return LOOPBACK.post(self.url, content=body, headers=headers, timeout=15)
 
     def burst(self, count: int, workers: int = 8, **extra: Any) -> list[Answer]:
         with ThreadPoolExecutor(max_workers=workers) as executor:

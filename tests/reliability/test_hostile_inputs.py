@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from nexus.models import ApiToken
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
 from tests.support.traffic import chat_body, parse_headers, send
@@ -97,7 +97,7 @@ def stack(served: Stack) -> Iterator[Stack]:
 
 def assert_serving(stack: Stack) -> None:
     """The server is healthy: /healthz answers and a real chat request is served."""
-    assert httpx.get(f"{stack.server.url}/healthz", timeout=5).status_code == 200
+    assert LOOPBACK.get(f"{stack.server.url}/healthz", timeout=5).status_code == 200
     answer = send(
         f"{stack.server.url}/v1/chat/completions", stack.token, chat_body(stack.pool), timeout_s=10
     )
@@ -262,7 +262,7 @@ def test_json_nested_100k_deep_is_a_400_in_the_openai_shape(stack: Stack) -> Non
     body = b'{"model": "@pool/hostile", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 
     started = time.monotonic()
-    response = httpx.post(
+    response = LOOPBACK.post(
         f"{stack.server.url}/v1/chat/completions",
         content=body,
         headers={"Authorization": f"Bearer {stack.token}", "Content-Type": "application/json"},

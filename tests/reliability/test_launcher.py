@@ -23,6 +23,7 @@ import redis
 from nexus.env import bundled_redis_socket
 from nexus.launcher import LaunchError, Supervisor
 from tests.support import outcomes
+from tests.support.http import LOOPBACK
 from tests.support.launcher import (
     BANNER_END,
     Launcher,
@@ -65,7 +66,7 @@ def keep_chatting(url: str, token: str, stop: threading.Event) -> list[Answer]:
 
 def healthz(url: str) -> dict[str, object]:
     try:
-        return dict(httpx.get(f"{url}/healthz", timeout=5).json())
+        return dict(LOOPBACK.get(f"{url}/healthz", timeout=5).json())
     except (httpx.HTTPError, ValueError):
         return {}
 
@@ -185,7 +186,7 @@ def test_a_killed_engine_and_a_killed_redis_are_restarted_while_nexus_keeps_serv
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
+        return LOOPBACK.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -28,6 +28,7 @@ from pools.gateway.ledger import RECONNECT_INTERVAL_S, RedisLedger
 from pools.models import Pool
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.simulator import Simulator, running_simulator
 from tests.support.traffic import Answer, chat_body, send
@@ -77,7 +78,7 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
 
 
 def healthz(server: LiveServer) -> dict[str, Any]:
-    response = httpx.get(f"{server.url}/healthz", timeout=5)
+    response = LOOPBACK.get(f"{server.url}/healthz", timeout=5)
     return {"http_status": response.status_code, **response.json()}
 
 
@@ -150,13 +151,13 @@ def test_two_gateways_serve_through_a_redis_crash_without_errors_or_overload(
                     )
                     during = healthz(one)
                     # (meanwhile a refusal is still OpenAI-shaped JSON, and the model list works)
-                    refused = httpx.post(
+                    refused = LOOPBACK.post(
                         f"{one.url}/v1/chat/completions",
                         headers={"Authorization": "Bearer nx-not-a-token"},
                         json=chat_body("survives-redis"),
                         timeout=10,
                     )
-                    models = httpx.get(
+                    models = LOOPBACK.get(
                         f"{two.url}/v1/models",
                         headers={"Authorization": f"Bearer {token}"},
                         timeout=10,

@@ -22,6 +22,7 @@ from nexus.models import ApiToken
 from pools.models import Pool, RoutingOutcome, RoutingRecord
 from tests.nexus.factories import make_pool, make_target
 from tests.support import outcomes
+from tests.support.http import LOOPBACK
 from tests.support.live import (
     REPO_ROOT,
     LiveServer,
@@ -74,14 +75,14 @@ def _answers(live: LiveServer) -> bool:
     if live.process.poll() is not None:
         raise RuntimeError(f"the server exited:\n{live.log()}")
     try:
-        return httpx.get(f"{live.url}/healthz", timeout=2).status_code in (200, 503)
+        return LOOPBACK.get(f"{live.url}/healthz", timeout=2).status_code in (200, 503)
     except httpx.HTTPError:
         return False
 
 
 def refuses_connections(live: LiveServer) -> bool:
     try:
-        httpx.get(f"{live.url}/healthz", timeout=1)
+        LOOPBACK.get(f"{live.url}/healthz", timeout=1)
     except httpx.ConnectError:
         return True
     except httpx.HTTPError:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from nodes.runtimes import build_command, runtime
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 from tests.support.processes import stop
 from tests.support.real_model import require_real_model
@@ -33,7 +34,7 @@ MAX_TOKENS = 200
 
 def _answered(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return LOOPBACK.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -60,7 +61,7 @@ def test_a_stream_ends_with_its_finish_reason_while_the_health_path_answers_at_o
             streaming.wait(30)
             for _ in range(PROBES):
                 started = time.monotonic()
-                assert httpx.get(base + variant.health_path, timeout=30).status_code == 200
+                assert LOOPBACK.get(base + variant.health_path, timeout=30).status_code == 200
                 probed_at.append(time.monotonic())
                 probe_seconds.append(probed_at[-1] - started)
 
@@ -73,7 +74,9 @@ def test_a_stream_ends_with_its_finish_reason_while_the_health_path_answers_at_o
             "max_tokens": MAX_TOKENS,
             "stream": True,
         }
-        with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as answer:
+        with LOOPBACK.stream(
+            "POST", f"{base}/v1/chat/completions", json=body, timeout=60
+        ) as answer:
             for line in answer.iter_lines():
                 if line.startswith("data: {"):
                     streaming.set()

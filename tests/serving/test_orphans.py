@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 import pytest
 from django.conf import settings
 from django.utils import timezone
@@ -23,6 +22,7 @@ from serving.tasks import reconcile as reconcile_task
 from tests.nodes.fleet import trusted_node
 from tests.serving.fleet import make_service, model_folder, models_agent, routes, run_until
 from tests.support.agent import RunningAgent
+from tests.support.http import LOOPBACK
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
 
@@ -64,7 +64,7 @@ def node(stack: ExitStack, tmp_path: Path, name: str) -> tuple[RunningAgent, Nod
 
 def start(agent: RunningAgent, name: str, folder: ModelFolder) -> str:
     """Start a sleeping process of this name through the agent; return its id."""
-    response = httpx.post(
+    response = LOOPBACK.post(
         f"{agent.url}/agent/v1/processes",
         headers=agent.headers(),
         json={"argv": SLEEPER, "cwd": str(folder.path), "name": name},
@@ -76,7 +76,7 @@ def start(agent: RunningAgent, name: str, folder: ModelFolder) -> str:
 
 def states(agent: RunningAgent) -> dict[str, str]:
     """Return the agent's processes' states by process id."""
-    response = httpx.get(f"{agent.url}/agent/v1/processes", headers=agent.headers(), timeout=5)
+    response = LOOPBACK.get(f"{agent.url}/agent/v1/processes", headers=agent.headers(), timeout=5)
     return {record["id"]: record["state"] for record in response.json()["data"]}
 
 

@@ -33,6 +33,7 @@ from serving.models import (
 from serving.probes import probe_due_routes
 from tests.deployments.factories import make_node
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db
@@ -70,7 +71,7 @@ def node(agent: RunningAgent) -> Node:
 
 def start_process(agent: RunningAgent, argv: list[str], *, listens: bool = True) -> dict[str, Any]:
     """Start a process through the agent on `${PORT}`; wait until it answers if it listens."""
-    response = httpx.post(
+    response = LOOPBACK.post(
         f"{agent.url}/agent/v1/processes",
         headers=agent.headers(),
         json={
@@ -94,7 +95,7 @@ def start_process(agent: RunningAgent, argv: list[str], *, listens: bool = True)
 
 def _status(url: str, agent: RunningAgent) -> int | None:
     try:
-        return httpx.get(url, headers=agent.headers(), timeout=2).status_code
+        return LOOPBACK.get(url, headers=agent.headers(), timeout=2).status_code
     except httpx.HTTPError:
         return None
 
@@ -108,8 +109,10 @@ def http_server(agent: RunningAgent) -> dict[str, Any]:
 def stop_process(agent: RunningAgent, process_id: str) -> None:
     """Stop the process through the agent and wait until the agent reports it ended."""
     url = f"{agent.url}/agent/v1/processes/{process_id}"
-    httpx.delete(url, headers=agent.headers(), params={"grace": 1}, timeout=15).raise_for_status()
-    record = httpx.get(url, headers=agent.headers(), timeout=5).json()
+    LOOPBACK.delete(
+        url, headers=agent.headers(), params={"grace": 1}, timeout=15
+    ).raise_for_status()
+    record = LOOPBACK.get(url, headers=agent.headers(), timeout=5).json()
     assert record["state"] != "running"
 
 

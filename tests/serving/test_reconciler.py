@@ -44,6 +44,7 @@ from tests.serving.fleet import (
     tick,
 )
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.live import running_nexus
 from tests.support.waiting import wait_until
 
@@ -68,7 +69,7 @@ def fleet(stack: ExitStack, tmp_path: Path, *names: str) -> list[tuple[RunningAg
 
 def agent_states(agent: RunningAgent) -> dict[str, str]:
     """Return the agent's processes' states by process id."""
-    response = httpx.get(f"{agent.url}/agent/v1/processes", headers=agent.headers(), timeout=5)
+    response = LOOPBACK.get(f"{agent.url}/agent/v1/processes", headers=agent.headers(), timeout=5)
     return {record["id"]: record["state"] for record in response.json()["data"]}
 
 
@@ -102,7 +103,7 @@ def test_two_replicas_spread_over_two_nodes_and_serve_through_the_pool(
         assert target.base_url == (
             f"{route.node.address}/agent/v1/processes/{route.process_id}/http"
         )
-    through_agent = httpx.get(
+    through_agent = LOOPBACK.get(
         targets[f"route-{ready[0].pk}"].base_url + "/hello.txt",
         headers={"Authorization": f"Bearer {ready[0].node.get_credential()}"},
         timeout=5,
@@ -435,7 +436,7 @@ def test_a_rollout_under_traffic_through_the_gateway_fails_no_request(
     run_until(service, lambda: healthy(service, 2))
     nexus = stack.enter_context(running_nexus(tmp_path, NEXUS_LEDGER="memory"))
     url = f"{nexus.url}/serve/chat/hello.txt"
-    wait_until(lambda: httpx.get(url, timeout=5).text == HELLO, what=nexus.log)
+    wait_until(lambda: LOOPBACK.get(url, timeout=5).text == HELLO, what=nexus.log)
     outcomes: list[str] = []
     stop = threading.Event()
 

@@ -22,6 +22,7 @@ from tests.serving.fleet import (
     models_agent,
 )
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.waiting import wait_until
 
 
@@ -33,7 +34,7 @@ def placed_route(service: Service, node: Node) -> Route:
 
 
 def agent_record(agent: RunningAgent, process_id: str) -> dict:
-    response = httpx.get(
+    response = LOOPBACK.get(
         f"{agent.url}/agent/v1/processes/{process_id}", headers=agent.headers(), timeout=5
     )
     response.raise_for_status()
@@ -261,7 +262,7 @@ def test_backoff_doubles_up_to_a_minute() -> None:
 
 def _get(url: str) -> httpx.Response | None:
     try:
-        response = httpx.get(url, timeout=2)
+        response = LOOPBACK.get(url, timeout=2)
     except httpx.TransportError:
         return None
     return response if response.status_code == 200 else None

@@ -22,6 +22,7 @@ from pools.models import Pool, Target
 from serving import tokens
 from serving.models import Service, ServiceLifecycle
 from tests.nexus.factories import make_user
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.waiting import wait_until
 
@@ -230,13 +231,13 @@ class Live:
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.admin_token}"}
-        return httpx.request(
+        return LOOPBACK.request(
             method, f"{self.nexus.url}/api/v1{path}", headers=headers, timeout=10, **kwargs
         )
 
     def serve(self, path: str, token: str) -> httpx.Response:
         headers = {"Authorization": f"BackendAI {token}"}
-        return httpx.get(f"{self.nexus.url}/serve/{path}", headers=headers, timeout=10)
+        return LOOPBACK.get(f"{self.nexus.url}/serve/{path}", headers=headers, timeout=10)
 
 
 class _Hello(BaseHTTPRequestHandler):

@@ -18,6 +18,7 @@ import pytest
 
 from serving.runtimes.simulator.config import SimulatorConfig
 from serving.runtimes.simulator.engine import VOCABULARY, Engine, PrefixCache
+from tests.support.http import LOOPBACK
 from tests.support.simulator import Simulator, running_simulator, start_simulator
 from tests.support.waiting import wait_until
 
@@ -703,9 +704,9 @@ def test_it_requires_the_api_key_it_was_started_with() -> None:
         body = {"model": "demo-8b", "messages": [{"role": "user", "content": "hi"}]}
         url = f"{sim.base_url}/chat/completions"
 
-        without = httpx.post(url, json=body)
-        wrong = httpx.post(url, json=body, headers={"Authorization": "Bearer sk-other"})
-        right = httpx.post(url, json=body, headers={"Authorization": "Bearer sk-engine"})
+        without = LOOPBACK.post(url, json=body)
+        wrong = LOOPBACK.post(url, json=body, headers={"Authorization": "Bearer sk-other"})
+        right = LOOPBACK.post(url, json=body, headers={"Authorization": "Bearer sk-engine"})
 
     assert without.status_code == wrong.status_code == 401
     assert without.json()["error"]["code"] == "invalid_api_key"

@@ -17,6 +17,7 @@ import httpx
 
 from nodes.agent.processes import kill_all
 from tests.support import preloaded, processes
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,9 @@ def _wait_until_ready(agent: RunningAgent, log_start: int) -> str:
         if exit_code is not None:
             raise RuntimeError(f"agent exited with {exit_code} before answering:\n{agent.log()}")
         try:
-            response = httpx.get(f"{agent.url}/agent/v1/info", headers=agent.headers(), timeout=2)
+            response = LOOPBACK.get(
+                f"{agent.url}/agent/v1/info", headers=agent.headers(), timeout=2
+            )
         except httpx.TransportError:
             response = None
         if response is not None and response.status_code == 200:
@@ -108,7 +111,7 @@ def start_managed_simulator(
     """
     argv = [sys.executable, "-m", "serving.runtimes.simulator", "--model", model]
     argv += ["--host", "127.0.0.1", "--port", "${PORT}", *flags]
-    response = httpx.post(
+    response = LOOPBACK.post(
         f"{agent.url}/agent/v1/processes",
         headers=agent.headers(),
         json={
@@ -125,10 +128,10 @@ def start_managed_simulator(
     url = f"{agent.url}/agent/v1/processes/{process['id']}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        log = httpx.get(f"{url}/log", headers=agent.headers(), timeout=5).text
+        log = LOOPBACK.get(f"{url}/log", headers=agent.headers(), timeout=5).text
         if _SIMULATOR_READY.search(log):
             return process
-        record = httpx.get(url, headers=agent.headers(), timeout=5).json()
+        record = LOOPBACK.get(url, headers=agent.headers(), timeout=5).json()
         if record["state"] != "running":
             raise RuntimeError(f"simulator {model} ended ({record['state']}):\n{log}")
         time.sleep(0.05)

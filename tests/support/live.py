@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests.support import preloaded, processes
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -182,6 +183,6 @@ def _answers(server: LiveServer) -> bool:
     if server.process.poll() is not None:
         raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
     try:
-        return httpx.get(f"{server.url}/healthz", timeout=2).status_code in (200, 503)
+        return LOOPBACK.get(f"{server.url}/healthz", timeout=2).status_code in (200, 503)
     except httpx.HTTPError:
         return False

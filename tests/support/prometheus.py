@@ -15,6 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import processes
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -102,6 +103,6 @@ def _ready(server: Prometheus) -> bool:
     if server.process.poll() is not None:
         raise RuntimeError(f"prometheus exited:\n{server.log_path.read_text(errors='replace')}")
     try:
-        return httpx.get(f"{server.url}/-/ready", timeout=2).status_code == 200
+        return LOOPBACK.get(f"{server.url}/-/ready", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False

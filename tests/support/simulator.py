@@ -19,6 +19,7 @@ from typing import IO, Any
 import httpx
 
 from tests.support import preloaded, processes
+from tests.support.http import LOOPBACK
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 15.0
@@ -50,21 +51,21 @@ class Simulator:
 
     def set_faults(self, **faults: Any) -> dict[str, Any]:
         """Set faults at run time (POST /sim/faults) and return the resulting fault state."""
-        response = httpx.post(f"{self.root_url}/sim/faults", json=faults, timeout=5)
+        response = LOOPBACK.post(f"{self.root_url}/sim/faults", json=faults, timeout=5)
         response.raise_for_status()
         return response.json()
 
     def clear_faults(self) -> None:
         """Remove every fault, by signal when the simulator is refusing connections."""
         try:
-            httpx.delete(f"{self.root_url}/sim/faults", timeout=5).raise_for_status()
+            LOOPBACK.delete(f"{self.root_url}/sim/faults", timeout=5).raise_for_status()
             return
         except httpx.ConnectError:
             self.process.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                httpx.get(f"{self.root_url}/sim/faults", timeout=1).raise_for_status()
+                LOOPBACK.get(f"{self.root_url}/sim/faults", timeout=1).raise_for_status()
                 return
             except httpx.ConnectError:
                 time.sleep(0.02)
@@ -72,7 +73,7 @@ class Simulator:
 
     def stats(self) -> dict[str, Any]:
         """Return the simulator's counters (GET /sim/stats)."""
-        response = httpx.get(f"{self.root_url}/sim/stats", timeout=5)
+        response = LOOPBACK.get(f"{self.root_url}/sim/stats", timeout=5)
         response.raise_for_status()
         return response.json()
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.http import LOOPBACK
+
 
 @dataclass
 class Answer:
@@ -86,7 +88,7 @@ def send(
     """POST the body and read the whole answer; set `started` once the response headers arrive."""
     began = time.monotonic()
     request_headers = {"Authorization": f"Bearer {token}", **(headers or {})}
-    with httpx.stream(
+    with LOOPBACK.stream(
         "POST", url, json=body, headers=request_headers, timeout=timeout_s
     ) as response:
         if started is not None:

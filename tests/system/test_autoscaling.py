@@ -40,6 +40,7 @@ from serving.models import ModelFolder, Route, RouteState, ScaleEvent, Service, 
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
 from tests.support.agent import running_agent
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.prometheus import PROMETHEUS, SKIP_REASON, Prometheus, running_prometheus
 from tests.support.waiting import wait_until
@@ -447,7 +448,7 @@ def test_an_idle_service_scales_to_zero_and_the_next_request_wakes_it(world: Wor
     # Its replica drains (at most the reconciler's 30 s grace when no gateway has routed yet).
     wait_until(lambda: world.settled(name, 0), timeout_s=45, what=lambda: world.why(name))
     sent_at = time.time()
-    answer = httpx.post(
+    answer = LOOPBACK.post(
         f"{world.nexus.url}/serve/{name}/v1/chat/completions",
         json={"model": name, "messages": [{"role": "user", "content": "wake up"}], "max_tokens": 2},
         timeout=60,

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
@@ -32,6 +31,7 @@ from serving.models import ModelFolder, Route, RoutePart, RouteState, Service, m
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.waiting import wait_until
 from tests.support.worker import RunningWorker, running_worker
@@ -96,7 +96,7 @@ class Cluster:
 
     def process(self, node: Node, process_id: str) -> dict[str, Any]:
         agent = self.agents[node.name]
-        response = httpx.get(
+        response = LOOPBACK.get(
             f"{agent.url}/agent/v1/processes/{process_id}", headers=agent.headers(), timeout=5
         )
         return response.json()

@@ -38,6 +38,7 @@ from serving.models import (
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.waiting import wait_until
 from tests.support.worker import RunningWorker, running_worker
@@ -93,7 +94,7 @@ class Fleet:
 
     def serve(self, service: str, path: str) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.tokens[service]}"}
-        return httpx.get(f"{self.nexus.url}/serve/{service}{path}", headers=headers, timeout=10)
+        return LOOPBACK.get(f"{self.nexus.url}/serve/{service}{path}", headers=headers, timeout=10)
 
 
 def agent_environment() -> dict[str, str]:
@@ -208,7 +209,7 @@ def test_a_node_without_the_folder_copies_it_once_and_serves_the_copy(fleet: Fle
     assert (copy / "weights" / "model.bin").stat().st_size == WEIGHTS_BYTES
     # The replicas run in the copy, the controller's path never seen on that node.
     for route in (first, second):
-        record = httpx.get(
+        record = LOOPBACK.get(
             f"{far.url}/agent/v1/processes/{route.process_id}", headers=far.headers(), timeout=5
         ).json()
         assert record["argv"][-1] == str(copy)
@@ -227,7 +228,7 @@ def test_a_node_that_shares_the_folder_copies_nothing(fleet: Fleet) -> None:
 
 
 def test_the_folder_link_is_refused_without_a_valid_token(fleet: Fleet) -> None:
-    forged = httpx.get(f"{fleet.nexus.url}/serving/folder-sync/not-a-token/hello.txt", timeout=5)
+    forged = LOOPBACK.get(f"{fleet.nexus.url}/serving/folder-sync/not-a-token/hello.txt", timeout=5)
 
     assert forged.status_code == 403
     assert forged.json() == {"detail": "The folder link is invalid or expired."}

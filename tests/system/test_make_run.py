@@ -13,11 +13,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from django.contrib.auth.hashers import check_password
 from openai import OpenAI
 
+from tests.support.http import LOOPBACK
 from tests.support.launcher import (
     BANNER_END,
     EXIT_TIMEOUT_S,
@@ -40,7 +40,7 @@ def wait_for_healthy_worker(url: str) -> dict[str, Any]:
     """Return /healthz's report once it says the worker's heartbeat arrived."""
     deadline = time.monotonic() + WORKER_HEALTHY_TIMEOUT_S
     while True:
-        response = httpx.get(f"{url}/healthz", timeout=5)
+        response = LOOPBACK.get(f"{url}/healthz", timeout=5)
         report = response.json()
         if report["worker"]["status"] == "ok" or time.monotonic() > deadline:
             return {"http_status": response.status_code, **report}
@@ -74,7 +74,7 @@ def read_rows(database: Path, query: str) -> list[tuple[Any, ...]]:
 def start_runtime_on_the_local_agent(agent_url: str, data_dir: Path, model: str) -> dict[str, Any]:
     """Start a simulator as a process of the local agent, with the credential it stored."""
     credential = (data_dir / "agent" / "credential").read_text().strip()
-    response = httpx.post(
+    response = LOOPBACK.post(
         f"{agent_url}/agent/v1/processes",
         headers={"Authorization": f"Bearer {credential}"},
         json={

@@ -59,6 +59,7 @@ from serving.models import ModelFolder, Revision, Route, RouteState, Service, mo
 from tests.nexus.factories import make_user
 from tests.nodes.fleet import trusted_node
 from tests.support.agent import RunningAgent, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.live import LiveServer, running_nexus
 from tests.support.waiting import wait_until
 from tests.support.worker import RunningWorker, running_worker
@@ -294,7 +295,7 @@ class World:
 
     def serve(self, name: str, path: str = "/", token: str | None = None) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(f"{self.nexus.url}/serve/{name}{path}", headers=headers, timeout=10)
+        return LOOPBACK.get(f"{self.nexus.url}/serve/{name}{path}", headers=headers, timeout=10)
 
     def chat_client(self, service: str = CHAT) -> OpenAI:
         # No retries of its own: a request that failed must be seen failing.
@@ -593,7 +594,7 @@ def test_a_killed_replica_leaves_traffic_at_once_and_is_replaced_without_a_faile
         # The replica taking the traffic, so that requests meet the dead process.
         victim = next(r for r in before if f"route-{r.pk}" == traffic.busiest_target())
         agent = world.agent_of(victim)
-        pid = httpx.get(
+        pid = LOOPBACK.get(
             f"{agent.url}/agent/v1/processes/{victim.process_id}",
             headers=agent.headers(),
             timeout=5,
@@ -655,7 +656,7 @@ def test_a_replica_that_stops_answering_is_degraded_ejected_unhealthy_on_schedul
         agent = world.agent_of(victim)
         stopped_at = time.time()
         # Its server closes its port and the process lives on: only the probes can tell.
-        faults = httpx.post(
+        faults = LOOPBACK.post(
             f"{agent.url}/agent/v1/processes/{victim.process_id}/http/sim/faults",
             json={"refuse_connections": True},
             headers=agent.headers(),
@@ -918,7 +919,7 @@ def test_only_a_valid_token_of_the_service_reaches_it_unless_it_is_open_to_the_p
             "revoked": world.serve(WEB, token=to_revoke["token"]),
             "another service's": world.serve(WEB, token=world.tokens[CHAT]),
             "an all-pools client token": world.serve(WEB, token=all_pools),
-            "BackendAI scheme": httpx.get(
+            "BackendAI scheme": LOOPBACK.get(
                 f"{world.nexus.url}/serve/{WEB}/",
                 headers={"Authorization": f"BackendAI {world.tokens[WEB]}"},
                 timeout=10,

@@ -19,6 +19,7 @@ import psutil
 
 from tests.support import processes
 from tests.support.agent import REPO_ROOT, running_agent
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 
 STARTUP_S = 30
@@ -59,7 +60,7 @@ def started(command: list[str], env: dict[str, str], log: Path) -> Iterator[subp
 
 
 def info(port: int, credential: str) -> httpx.Response:
-    return httpx.get(
+    return LOOPBACK.get(
         f"http://127.0.0.1:{port}/agent/v1/info",
         headers={"Authorization": f"Bearer {credential}"},
         timeout=10,
@@ -130,7 +131,7 @@ def test_the_fingerprint_survives_a_restart_and_a_crash(tmp_path: Path) -> None:
 
 def test_sigterm_stops_the_agent_cleanly_and_its_processes_keep_running(tmp_path: Path) -> None:
     with running_agent(tmp_path) as agent:
-        process = httpx.post(
+        process = LOOPBACK.post(
             f"{agent.url}/agent/v1/processes",
             headers=agent.headers(),
             json={"argv": ["sleep", "60"]},
@@ -140,7 +141,7 @@ def test_sigterm_stops_the_agent_cleanly_and_its_processes_keep_running(tmp_path
         exit_code = agent.process.wait(10)
         survived = psutil.pid_exists(process["pid"])
         agent.start()
-        adopted = httpx.get(
+        adopted = LOOPBACK.get(
             f"{agent.url}/agent/v1/processes/{process['id']}", headers=agent.headers(), timeout=10
         ).json()
 

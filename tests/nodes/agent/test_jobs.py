@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from nodes.agent import runtimes
@@ -22,6 +21,7 @@ from nodes.agent.errors import AgentError
 from nodes.agent.jobs import RESTARTED, STOPPED, JobRunner
 from nodes.agent.processes import ProcessManager, kill_all
 from tests.support.fileserver import serving_file, serving_files
+from tests.support.http import LOOPBACK
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 
@@ -124,7 +124,7 @@ async def finished(runner: JobRunner, job_id: str) -> dict[str, Any]:
 
 
 def served_models(job: dict[str, Any]) -> list[str]:
-    response = httpx.get(f"{job['result']['base_url']}/models", timeout=5)
+    response = LOOPBACK.get(f"{job['result']['base_url']}/models", timeout=5)
     response.raise_for_status()
     return [entry["id"] for entry in response.json()["data"]]
 

@@ -17,6 +17,7 @@ import pytest
 
 from tests.nodes.agent.test_processes_api import SLEEP, WAIT_S, python, wait_for_log
 from tests.support.agent import RunningAgent, running_agent, start_managed_simulator
+from tests.support.http import LOOPBACK
 from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "tell me about the fleet"}]
@@ -116,7 +117,7 @@ class Node:
 
     def stats(self, process: dict[str, Any]) -> dict[str, Any]:
         """Return a simulator's counters, read from it directly."""
-        stats: dict[str, Any] = httpx.get(f"http://127.0.0.1:{process['port']}/sim/stats").json()
+        stats: dict[str, Any] = LOOPBACK.get(f"http://127.0.0.1:{process['port']}/sim/stats").json()
         return stats
 
 
@@ -411,7 +412,7 @@ def test_a_process_that_does_not_answer_in_time_is_a_504(node: Node) -> None:
 
 
 def test_the_proxy_needs_the_node_credential(node: Node) -> None:
-    response = httpx.get(f"{node.agent.url}{node.url(node.echo, '/')}")
+    response = LOOPBACK.get(f"{node.agent.url}{node.url(node.echo, '/')}")
     sdk = openai.OpenAI(
         base_url=f"{node.agent.url}{node.url(node.paced, '/v1')}", api_key="wrong", max_retries=0
     )
