@@ -39,7 +39,7 @@ XDIST := -n $(TEST_WORKERS) --dist loadgroup
 # at a time broke the balancing tests' bounds (docs/running.md).
 SERIAL_XDIST := -n 2 --dist loadgroup
 
-.PHONY: run check test test-fast bench lock llama
+.PHONY: run check test test-fast screenshots bench lock llama
 
 ## Install, migrate, seed the demo on the first run, and run every process until Ctrl-C.
 run: $(VENV)/.installed
@@ -61,9 +61,11 @@ check: $(VENV)/.installed-dev
 
 ## `make check`, then the whole test suite (the real-model tests included: `llama` marker): side
 ## by side, then two at a time the few tests that measure time and cannot share the CPU with the
-## rest (`serial`). Each pass ends with its slowest tests: where the suite's time goes.
+## rest (`serial`). Each pass ends with its slowest tests: where the suite's time goes. The page
+## tests check each page's width but take no screenshot (`make screenshots` does).
 test: export PYTHONDONTWRITEBYTECODE :=
 test: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
+test: export NEXUS_SCREENSHOTS := 0
 test: check $(VENV)/.installed-llama
 	$(PY) -m pytest $(XDIST) --durations=30 -m "not serial"
 	$(PY) -m pytest $(SERIAL_XDIST) --durations=10 -m serial
@@ -76,6 +78,14 @@ test-fast: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 test-fast: export NEXUS_TEST_QUICK_PROPERTIES := 1
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest $(XDIST) -m "unit and not serial"
+
+## Run the page tests (`e2e`) and retake docs/screenshots/, the README's gallery: look at them.
+screenshots: export PYTHONDONTWRITEBYTECODE :=
+screenshots: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
+screenshots: export NEXUS_SCREENSHOTS := 1
+screenshots: $(VENV)/.installed-dev $(VENV)/.installed-llama
+	$(PY) -m pytest $(XDIST) -m "e2e and not serial"
+	$(PY) -m pytest $(SERIAL_XDIST) -m "e2e and serial"
 
 ## Measure the gateway's and the agent's overhead, the simulator, the balancer (decisions, quality),
 ## and a one-minute soak of 500 concurrent streams through one gateway process.

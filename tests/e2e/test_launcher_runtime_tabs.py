@@ -7,17 +7,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Locator, Page, ViewportSize, expect
+from playwright.sync_api import Locator, Page, expect
 
 from serving import folders
 from serving.models import ModelFolder
 from tests.nexus.factories import make_user
 from tests.support.browser import PASSWORD, sign_in
 from tests.support.live import LiveServer, running_nexus
+from tests.support.screenshots import screenshot
 
 pytestmark = pytest.mark.e2e
-
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 @pytest.fixture
@@ -26,11 +25,6 @@ def nexus(transactional_db: None, tmp_path: Path, data_dir: Path) -> Iterator[Li
     folders.create_folder(ModelFolder(name="llama"))
     with running_nexus(tmp_path, NEXUS_DATA_DIR=str(data_dir)) as server:
         yield server
-
-
-@pytest.fixture
-def viewport() -> ViewportSize:
-    return {"width": 1280, "height": 800}
 
 
 def typed(field: Locator, text: str) -> None:
@@ -70,8 +64,7 @@ def test_the_vllm_tabs_turn_fields_into_the_shown_command(nexus: LiveServer, pag
         " --tool-call-parser hermes"
     )
     page.get_by_role("tab", name="Serving Performance").click()
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / "serving-launcher-vllm-tabs.png", full_page=True)
+    screenshot(page, "serving-launcher-vllm-tabs")
 
     # A bad value: flagged next to its field, in its tab, and nothing would start.
     typed(page.get_by_label("Max Running Sequences"), "many")
@@ -82,7 +75,7 @@ def test_the_vllm_tabs_turn_fields_into_the_shown_command(nexus: LiveServer, pag
         "runtime_parameters.max_num_seqs: must be an integer of at least 1, not 'many'"
     )
     expect(page.locator("#launch-command")).to_have_count(0)
-    page.screenshot(path=SCREENSHOTS / "serving-launcher-vllm-tabs-bad-value.png", full_page=True)
+    screenshot(page, "serving-launcher-vllm-tabs-bad-value")
 
     # Fixed: the flag is gone from the field and back in the command.
     typed(page.get_by_label("Max Running Sequences"), "32")
@@ -105,7 +98,7 @@ def test_multi_node_shows_what_the_workers_run(nexus: LiveServer, page: Page) ->
     expect(check.locator("dt:text-is('Nodes per replica') + dd")).to_contain_text(
         "3: the main runs the command above; 2 workers run"
     )
-    page.screenshot(path=SCREENSHOTS / "serving-launcher-multi-node.png", full_page=True)
+    screenshot(page, "serving-launcher-multi-node")
 
     # A runtime that runs on one node only says so next to the size.
     page.get_by_label("Runtime variant").select_option("llama-cpp")
