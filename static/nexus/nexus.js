@@ -206,24 +206,39 @@ document.addEventListener("click", (event) => {
   if (!target.open) target.show();
 });
 
-// A live push never replaces an element that holds an open confirmation: the push would take the
-// dialog away under the operator's eyes (and click). The pushed version waits, by the element's
-// id, and replaces it once the dialog closes, cancelled or answered.
+// A live push never replaces an element that holds an open confirmation, nor one the pointer is
+// pressing: the push would take the dialog away under the operator's eyes, and a press on a link
+// that a push replaced before its release is no click at all (the button went down on the old
+// link and came up on the new one; a CI run's click on a Live decision went nowhere). The pushed
+// version waits, by the element's id, and replaces it once the dialog closes or the press ends.
 const heldPushes = new Map();
+let pressed = null;
+const holds = (element) =>
+  element.querySelector("dialog:modal") !== null || (pressed !== null && element.contains(pressed));
 document.addEventListener("htmx:oobBeforeSwap", (event) => {
   const { target, fragment } = event.detail;
-  if (!target.id || !target.querySelector("dialog:modal")) return;
+  if (!target.id || !holds(target)) return;
   event.detail.shouldSwap = false;
   heldPushes.set(target.id, [...fragment.children].map((element) => element.outerHTML).join(""));
 });
-document.addEventListener("close", (event) => {
-  if (!(event.target instanceof HTMLDialogElement)) return;
+function releaseHeldPushes() {
   for (const [id, html] of heldPushes) {
     const held = document.getElementById(id);
-    if (held && !held.contains(event.target)) continue;
+    if (held && holds(held)) continue;
     heldPushes.delete(id);
     if (held) htmx.swap(held, html, { swapStyle: "outerHTML" });
   }
+}
+document.addEventListener("pointerdown", (event) => { pressed = event.target; }, true);
+for (const type of ["pointerup", "pointercancel"]) {
+  document.addEventListener(type, () => {
+    pressed = null;
+    // After the click that this release makes, which goes to the element pressed.
+    setTimeout(releaseHeldPushes);
+  }, true);
+}
+document.addEventListener("close", (event) => {
+  if (event.target instanceof HTMLDialogElement) releaseHeldPushes();
 }, true);  // "close" does not bubble
 
 document.addEventListener("keydown", (event) => {

@@ -98,7 +98,18 @@ def test_a_retried_decision_in_the_stream_leads_to_its_attempts_and_replay(
     row = page.locator(f'#live-decisions tr[data-request-id="{answer.request_id}"]')
     expect(row).to_contain_text("retry after 1 failed", timeout=10_000)
     screenshot(page, "live-overview")
-    row.get_by_role("link").click()
+    # A press that a push lands in still clicks: the push waits for the release (without that,
+    # the button went down on one link and came up on its replacement, and nothing happened).
+    page.evaluate(
+        """() => document.addEventListener("htmx:oobBeforeSwap", (event) => {
+            if (event.detail.target.id === "live-now") window.pushesSeen += 1;
+        })"""
+    )
+    row.get_by_role("link").hover()
+    page.mouse.down()
+    page.evaluate("window.pushesSeen = 0")  # a push from here on lands in the press
+    page.wait_for_function("window.pushesSeen > 0")
+    page.mouse.up()
 
     arrive(page, f"{world.nexus.url}/history/{answer.request_id}/")
     first, second = page.locator("#attempt-1"), page.locator("#attempt-2")
