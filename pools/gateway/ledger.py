@@ -13,6 +13,13 @@ A Redis outage never fails a request: the Redis ledger then admits from this pro
 each target's capacity (capacity divided by the live gateway processes, as last published), logs
 the outage once when it starts and once when it ends, and when Redis answers again writes back
 the leases this process holds and removes the ones it released meanwhile.
+
+When Redis goes away, a process may hold more than its share (Redis let the processes split the
+capacity as the traffic came), and the others cannot see those leases end. So, at first, each
+process keeps to what it held when the outage began (Redis kept that total within the capacity),
+and takes its whole share only once the longest request it has seen on the target could have
+ended since. A process that has seen no request on the target end has no such length, and takes
+its share at once.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -47,6 +54,8 @@ RECONCILE_ROUNDS = 5
 # leases back within about a reconnect interval of each other, and until they have, the shared
 # counts miss theirs.
 SETTLE_AFTER_OUTAGE_S = 3 * RECONNECT_INTERVAL_S
+# How many of a target's latest request lengths a process keeps, for the longest of them.
+KEPT_LENGTHS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,9 +452,17 @@ class RedisLedger:
         self._running: dict[str, int] = {}  # concurrency lease id -> token id
         self._counts: dict[int, int] = {}
         self._count_times: dict[int, int] = {}
+        # Releases on their way to Redis, per target: a count read before one arrived there
+        # still holds its slot, which this process already gave back.
+        self._releasing: defaultdict[int, int] = defaultdict(int)
         self._held: dict[str, Lease] = {}
-        # Leases this process holds per target, wherever they were granted.
+        # Leases this process holds per target, wherever they were granted; when each was taken
+        # (monotonic), and the lengths of the latest released, per target.
         self._mine: defaultdict[int, int] = defaultdict(int)
+        self._taken_at: dict[str, float] = {}
+        self._lengths: defaultdict[int, deque[float]] = defaultdict(
+            lambda: deque(maxlen=KEPT_LENGTHS)
+        )
         self._ids = _LeaseIds()
         self._renewer: asyncio.Task[None] | None = None
         # The loop keeps only weak references to tasks: hold the fire-and-forget ones here.
@@ -456,6 +473,10 @@ class RedisLedger:
         self._outage_since: float | None = None
         self._outage_began = 0.0
         self._outage_processes = 1
+        # Per target, what this process held when the outage began, and until when (monotonic)
+        # it keeps to that: the others may still hold what Redis granted them.
+        self._held_at_outage: dict[int, int] = {}
+        self._others_may_hold_until: dict[int, float] = {}
         self._last_reconnect = 0.0
         # Until then (monotonic), the share still bounds admissions after an outage.
         self._settling_until = 0.0
@@ -491,7 +512,7 @@ class RedisLedger:
             self._unreleased[lease.lease_id] = lease
             self._begin_outage()
             return self._acquire_locally(target_id, capacity)
-        self._learn(target_id, count, at)
+        self._learn(target_id, count, at, taken=1 if granted else 0)
         if not granted:
             return None
         self._hold(lease)
@@ -502,7 +523,7 @@ class RedisLedger:
         # renewed or released again, so at worst it expires after its TTL.
         if self._held.pop(lease.lease_id, None) is None:
             return
-        self._mine[lease.target_id] = max(0, self._mine[lease.target_id] - 1)
+        self._forget(lease)
         self._counts[lease.target_id] = max(0, self._counts.get(lease.target_id, 1) - 1)
         if self._outage_since is not None:
             self._unreleased[lease.lease_id] = lease
@@ -510,6 +531,9 @@ class RedisLedger:
         call = asyncio.ensure_future(
             self._release(keys=[self.key(lease.target_id)], args=[lease.lease_id])
         )
+        target_id = lease.target_id
+        self._releasing[target_id] += 1
+        call.add_done_callback(lambda _: self._arrived(target_id))
         try:
             count, at = await asyncio.shield(call)
         except (RedisError, OSError):
@@ -568,7 +592,7 @@ class RedisLedger:
             # them; their release then has nothing left to give back.
             for lease_id in lost:
                 if (gone := self._held.pop(lease_id, None)) is not None:
-                    self._mine[gone.target_id] = max(0, self._mine[gone.target_id] - 1)
+                    self._forget(gone)
             self.lost_leases += len(lost)
             log.warning("%d leases expired before renewal: %s", len(lost), ", ".join(lost[:10]))
 
@@ -667,14 +691,26 @@ class RedisLedger:
 
     def _hold(self, lease: Lease) -> None:
         self._held[lease.lease_id] = lease
+        self._taken_at[lease.lease_id] = time.monotonic()
         self._mine[lease.target_id] += 1
         self._ensure_renewer()
 
+    def _forget(self, lease: Lease) -> None:
+        """Count a lease no longer held (it was in `_held`), and how long it was."""
+        self._mine[lease.target_id] = max(0, self._mine[lease.target_id] - 1)
+        taken_at = self._taken_at.pop(lease.lease_id, None)
+        if taken_at is not None:
+            self._lengths[lease.target_id].append(time.monotonic() - taken_at)
+
     def _acquire_locally(self, target_id: int, capacity: int) -> Lease | None:
-        # No await: atomic on the event loop, like the memory ledger. At least one slot each, so
-        # that a target smaller than the number of processes still serves (over by at most
-        # processes - capacity while Redis is away).
-        if self._mine[target_id] >= self._share(capacity):
+        # No await: atomic on the event loop, like the memory ledger. The share is at least one
+        # slot, so that a target smaller than the number of processes still serves (over by at
+        # most processes - capacity while Redis is away), once the others' leases from before
+        # the outage may have ended; until then, what this process held (the module's docstring).
+        limit = self._share(capacity)
+        if time.monotonic() < self._others_may_hold_until.get(target_id, 0.0):
+            limit = min(limit, self._held_at_outage.get(target_id, 0))
+        if self._mine[target_id] >= limit:
             return None
         lease = Lease(target_id, self._ids.next())
         self._hold(lease)
@@ -690,6 +726,11 @@ class RedisLedger:
         self._outage_since = time.time()
         self._outage_began = self._last_reconnect = time.monotonic()
         self._outage_processes = max(1, self.processes())
+        now = self._outage_began
+        self._held_at_outage = {target_id: held for target_id, held in self._mine.items() if held}
+        self._others_may_hold_until = {
+            target_id: now + max(lengths) for target_id, lengths in self._lengths.items() if lengths
+        }
         log.warning(
             "load ledger: Redis unreachable; admitting from this process's share (1/%d) of each"
             " target's capacity until it returns",
@@ -756,12 +797,22 @@ class RedisLedger:
         self._outage_since = None
         self._settling_until = time.monotonic() + SETTLE_AFTER_OUTAGE_S
 
-    def _learn(self, target_id: int, count: int, at: int) -> None:
+    def _learn(self, target_id: int, count: int, at: int, *, taken: int = 0) -> None:
+        """Keep a count Redis computed at `at`, of which `taken` leases this call just took."""
         # Concurrent calls answer in any order: keep the count Redis computed last.
         last = self._count_times.get(target_id, 0)
         if at >= last or last - at > CLOCK_STEP_US:
+            if self._releasing[target_id]:
+                # It may predate a release still on its way: never let it bring that slot back
+                # (a refresh read just before a release made an idle target look busy to the
+                # next request). The release's own answer sets the count right.
+                count = min(int(count), self._counts.get(target_id, 0) + taken)
             self._counts[target_id] = int(count)
             self._count_times[target_id] = at
+
+    def _arrived(self, target_id: int) -> None:
+        """A release's call to Redis ended (answered, failed or not sent)."""
+        self._releasing[target_id] -= 1
 
     def _ensure_renewer(self) -> None:
         if self._renewer is None or self._renewer.done():

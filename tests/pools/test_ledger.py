@@ -329,3 +329,24 @@ async def test_an_unreachable_redis_lets_limited_tokens_through_and_logs_the_out
         ]
     finally:
         await ledger.aclose()
+
+
+async def test_a_count_read_before_a_release_arrived_does_not_bring_the_released_slot_back(
+    make_redis_ledger: MakeRedisLedger,
+) -> None:
+    # Given a process holding one slot, and its periodic refresh on its way to Redis
+    ledger = make_redis_ledger()
+    lease = await ledger.try_acquire(TARGET, 4)
+    assert lease is not None
+    refreshing = asyncio.ensure_future(ledger.refresh([TARGET]))
+    await asyncio.sleep(0)
+
+    # When the slot is given back before the refresh's count (still 1) comes in
+    releasing = asyncio.ensure_future(ledger.release(lease))
+    seen = []
+    refreshing.add_done_callback(lambda _: seen.append(ledger.in_flight(TARGET)))
+    await asyncio.gather(refreshing, releasing)
+
+    # Then the count stays 0 throughout: the next decision must not find the slot taken
+    assert seen == [0]
+    assert ledger.in_flight(TARGET) == 0

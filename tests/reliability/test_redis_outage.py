@@ -285,3 +285,38 @@ async def test_a_process_back_from_an_outage_keeps_to_its_share_until_the_others
         finally:
             await one.aclose()
             await two.aclose()
+
+
+async def test_a_process_keeps_to_what_it_held_until_the_others_leases_from_before_can_have_ended(
+    tmp_path: Path,
+) -> None:
+    # Given two processes on Redis, the first holding 3 of 4 slots, the second 1, and the
+    # longest request the second has seen end on the target lasting about 0.4 s
+    with own_redis(tmp_path) as own:
+        one = RedisLedger(own.url, prefix="uneven", processes=lambda: 2)
+        two = RedisLedger(own.url, prefix="uneven", processes=lambda: 2)
+        try:
+            seen = await two.try_acquire(TARGET, CAPACITY)
+            assert seen is not None
+            await asyncio.sleep(0.4)
+            await two.release(seen)
+            held = [await ledger.try_acquire(TARGET, CAPACITY) for ledger in (one, one, one, two)]
+            assert all(held)
+
+            # When Redis dies and both notice
+            own.kill()
+            await one.refresh([TARGET])
+            await two.refresh([TARGET])
+            assert one.status().outage_since and two.status().outage_since
+
+            # Then neither takes a slot more: the first holds more than its share (2), and the
+            # second keeps to the 1 it held while the first's 3 may still run (2 would make 5)
+            assert await one.try_acquire(TARGET, CAPACITY) is None
+            assert await two.try_acquire(TARGET, CAPACITY) is None
+            # and once those could have ended, the second takes its share
+            await asyncio.sleep(0.45)
+            assert await two.try_acquire(TARGET, CAPACITY) is not None
+            assert await two.try_acquire(TARGET, CAPACITY) is None
+        finally:
+            await one.aclose()
+            await two.aclose()
