@@ -12,9 +12,9 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,21 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     finally:
         if server.process is not None and server.process.poll() is None:
             embedded_redis.stop(server.process)
+
+
+@asynccontextmanager
+async def two_processes(
+    tmp_path: Path, prefix: str
+) -> AsyncIterator[tuple[OwnRedis, RedisLedger, RedisLedger]]:
+    """Redis of the test's own and the ledgers of two gateway processes sharing it."""
+    with own_redis(tmp_path) as own:
+        one = RedisLedger(own.url, prefix=prefix, processes=lambda: 2)
+        two = RedisLedger(own.url, prefix=prefix, processes=lambda: 2)
+        try:
+            yield own, one, two
+        finally:
+            await one.aclose()
+            await two.aclose()
 
 
 def healthz(server: LiveServer) -> dict[str, Any]:
@@ -261,30 +276,24 @@ async def test_a_process_back_from_an_outage_keeps_to_its_share_until_the_others
     tmp_path: Path,
 ) -> None:
     # Given two processes that each hold their share (2 of 4) from their outage
-    with own_redis(tmp_path) as own:
-        one = RedisLedger(own.url, prefix="settle", processes=lambda: 2)
-        two = RedisLedger(own.url, prefix="settle", processes=lambda: 2)
-        try:
-            own.kill()
-            held = [await ledger.try_acquire(TARGET, CAPACITY) for ledger in (one, one, two, two)]
-            assert all(held)
-            own.start()
-            await asyncio.sleep(RECONNECT_INTERVAL_S)
+    async with two_processes(tmp_path, "settle") as (own, one, two):
+        own.kill()
+        held = [await ledger.try_acquire(TARGET, CAPACITY) for ledger in (one, one, two, two)]
+        assert all(held)
+        own.start()
+        await asyncio.sleep(RECONNECT_INTERVAL_S)
 
-            # When the first is back on Redis before the second has written its leases back
-            await one.refresh([TARGET])
-            assert one.status().outage_since is None
-            assert two.status().outage_since is not None
+        # When the first is back on Redis before the second has written its leases back
+        await one.refresh([TARGET])
+        assert one.status().outage_since is None
+        assert two.status().outage_since is not None
 
-            # Then it takes no more than its share, though Redis counts only its own two
-            assert await one.try_acquire(TARGET, CAPACITY) is None
-            # and once both are back, Redis counts all four: the target is full for both
-            await two.refresh([TARGET])
-            assert own.client().zcard(f"settle:ledger:target:{TARGET}") == CAPACITY
-            assert await two.try_acquire(TARGET, CAPACITY) is None
-        finally:
-            await one.aclose()
-            await two.aclose()
+        # Then it takes no more than its share, though Redis counts only its own two
+        assert await one.try_acquire(TARGET, CAPACITY) is None
+        # and once both are back, Redis counts all four: the target is full for both
+        await two.refresh([TARGET])
+        assert own.client().zcard(f"settle:ledger:target:{TARGET}") == CAPACITY
+        assert await two.try_acquire(TARGET, CAPACITY) is None
 
 
 async def test_a_process_keeps_to_what_it_held_until_the_others_leases_from_before_can_have_ended(
@@ -292,31 +301,25 @@ async def test_a_process_keeps_to_what_it_held_until_the_others_leases_from_befo
 ) -> None:
     # Given two processes on Redis, the first holding 3 of 4 slots, the second 1, and the
     # longest request the second has seen end on the target lasting about 0.4 s
-    with own_redis(tmp_path) as own:
-        one = RedisLedger(own.url, prefix="uneven", processes=lambda: 2)
-        two = RedisLedger(own.url, prefix="uneven", processes=lambda: 2)
-        try:
-            seen = await two.try_acquire(TARGET, CAPACITY)
-            assert seen is not None
-            await asyncio.sleep(0.4)
-            await two.release(seen)
-            held = [await ledger.try_acquire(TARGET, CAPACITY) for ledger in (one, one, one, two)]
-            assert all(held)
+    async with two_processes(tmp_path, "uneven") as (own, one, two):
+        seen = await two.try_acquire(TARGET, CAPACITY)
+        assert seen is not None
+        await asyncio.sleep(0.4)
+        await two.release(seen)
+        held = [await ledger.try_acquire(TARGET, CAPACITY) for ledger in (one, one, one, two)]
+        assert all(held)
 
-            # When Redis dies and both notice
-            own.kill()
-            await one.refresh([TARGET])
-            await two.refresh([TARGET])
-            assert one.status().outage_since and two.status().outage_since
+        # When Redis dies and both notice
+        own.kill()
+        await one.refresh([TARGET])
+        await two.refresh([TARGET])
+        assert one.status().outage_since and two.status().outage_since
 
-            # Then neither takes a slot more: the first holds more than its share (2), and the
-            # second keeps to the 1 it held while the first's 3 may still run (2 would make 5)
-            assert await one.try_acquire(TARGET, CAPACITY) is None
-            assert await two.try_acquire(TARGET, CAPACITY) is None
-            # and once those could have ended, the second takes its share
-            await asyncio.sleep(0.45)
-            assert await two.try_acquire(TARGET, CAPACITY) is not None
-            assert await two.try_acquire(TARGET, CAPACITY) is None
-        finally:
-            await one.aclose()
-            await two.aclose()
+        # Then neither takes a slot more: the first holds more than its share (2), and the
+        # second keeps to the 1 it held while the first's 3 may still run (2 would make 5)
+        assert await one.try_acquire(TARGET, CAPACITY) is None
+        assert await two.try_acquire(TARGET, CAPACITY) is None
+        # and once those could have ended, the second takes its share
+        await asyncio.sleep(0.45)
+        assert await two.try_acquire(TARGET, CAPACITY) is not None
+        assert await two.try_acquire(TARGET, CAPACITY) is None
