@@ -172,21 +172,27 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         embedded_redis.stop(_bundled_redis)
 
 
-@pytest.fixture(scope="session")
-def django_db_setup(django_db_setup: None, django_db_blocker) -> Iterator[None]:
-    """pytest-django's test database, whose other sessions are ended before it is dropped.
+def end_other_sessions() -> None:
+    """End the test database's other sessions, before it is dropped.
 
     Consumers run their queries in asgiref's threads, whose connections outlive the tests; on
     PostgreSQL, DROP DATABASE waits five seconds for them and then fails ("being accessed by
     other users"), at the end of every worker.
     """
-    yield
     if connection.vendor == "postgresql":
-        with django_db_blocker.unblock(), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker) -> Iterator[None]:
+    """pytest-django's test database, whose other sessions are ended before it is dropped."""
+    yield
+    with django_db_blocker.unblock():
+        end_other_sessions()
 
 
 @pytest.fixture(scope="session")
@@ -204,7 +210,11 @@ def committed_db(django_db_setup: None, django_db_blocker) -> Iterator[None]:
             created = setup_databases(verbosity=0, interactive=False, aliases={"default"})
     yield
     if created is not None:
+        # Dropped here, before django_db_setup's teardown: its other sessions end here too (a
+        # worker whose tests all used this database failed at its end, "being accessed by other
+        # users").
         with django_db_blocker.unblock():
+            end_other_sessions()
             teardown_databases(created, verbosity=0)
 
 
