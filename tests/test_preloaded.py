@@ -5,6 +5,7 @@ signals, and a clean exit that waits for its threads."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,17 @@ def test_a_script_gets_its_arguments_environment_directory_and_output(tmp_path: 
     lines = log.read_text().splitlines()
     assert lines[0] == f"argv ['print', 'second'] cwd {preloaded.REPO_ROOT} env seen"
     assert lines[1] == f"main __main__ path0 {tmp_path}"
+
+
+def test_two_messages_that_arrive_together_are_read_one_at_a_time() -> None:
+    # A child that ends at once: its pid and its exit status reach the test in one packet.
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(b'{"pid": 12}\n{"returncode": 0}\n')
+        theirs.shutdown(socket.SHUT_WR)
+        assert preloaded._receive(ours) == {"pid": 12}
+        assert preloaded._receive(ours) == {"returncode": 0}
+        assert preloaded._receive(ours) is None
 
 
 def test_its_exit_status_and_an_uncaught_error_come_back(tmp_path: Path) -> None:

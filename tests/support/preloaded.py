@@ -216,13 +216,21 @@ def _preloader() -> _Preloader:
 
 
 def _receive(connection: socket.socket) -> dict[str, Any] | None:
-    """Read one line of JSON; None when the other side closed."""
+    """Read one line of JSON, and not a byte of the next; None when the other side closed.
+
+    A child that ends at once has its exit status sent right after its pid: both lines can
+    arrive together, and the second must stay in the socket for `Forked` to read (and select on).
+    """
     data = b""
-    while not data.endswith(b"\n"):
-        chunk = connection.recv(4096)
+    while True:
+        chunk = connection.recv(4096, socket.MSG_PEEK)
         if not chunk:
             return None
-        data += chunk
+        end = chunk.find(b"\n")
+        if end >= 0:
+            data += connection.recv(end + 1)
+            break
+        data += connection.recv(len(chunk))
     result: dict[str, Any] = json.loads(data)
     return result
 
