@@ -11,11 +11,12 @@ cost Chromium 3-12 s of CPU a run. `make screenshots` retakes them all.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from playwright.sync_api import Page, ViewportSize
+
+from nexus.env import env_bool
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
@@ -35,7 +36,7 @@ def screenshot(page: Page, name: str) -> Path:
         f"{name}: the page is {width} px wide in a {VIEWPORT['width']} px window"
     )
     path = SCREENSHOTS / f"{name}.png"
-    if os.environ.get("NEXUS_SCREENSHOTS") == "0":
+    if not env_bool("NEXUS_SCREENSHOTS", True):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=path, full_page=True, animations="disabled", caret="hide")
