@@ -66,7 +66,34 @@ PRELOAD = (
     "uvloop",
     "uvicorn.main",
     "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.http.h11_impl",
     "prometheus_client",
+    "prometheus_client.parser",
+    # What a server still imported after the fork, as of 2026-12-07 (the rest of Django's setup
+    # and URLs read settings): 0.40 -> 0.30 s of CPU from fork to a daphne server's first request.
+    "django.test",
+    "django.db.backends.postgresql.base",
+    "django.db.backends.sqlite3.base",
+    "django.contrib.admin",
+    "django.contrib.staticfiles.handlers",
+    "django.contrib.sessions.backends.db",
+    "rest_framework.serializers",
+    "rest_framework.response",
+    "channels.generic.websocket",
+    "channels.layers",
+    "channels.auth",
+    "channels.routing",
+    "celery.fixups.django",
+    "httpx_aiohttp",
+    "cryptography.fernet",
+    "dj_database_url",
+    "django_htmx.middleware",
+    "template_partials.apps",
+    "pygments.formatters.html",
+    "pygments.lexers.special",
+    "statistics",
+    "uritemplate",
+    "inflection",
 )
 
 # Where each pytest worker's preloader listens (its pid follows): the unit guard knows it.
@@ -244,6 +271,11 @@ def serve(path: str) -> None:
         __import__(module)
     if "twisted.internet.reactor" in sys.modules:
         raise RuntimeError("a preloaded module installed Twisted's reactor")
+    from django.conf import settings
+
+    # Each child reads its own settings, from its own environment, after the fork.
+    if settings.configured:
+        raise RuntimeError("a preloaded module read Django's settings")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
