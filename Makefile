@@ -37,13 +37,17 @@ MYPY_CACHE := $(MYPY_CACHES)/$(shell sha256sum pyproject.toml | cut -c1-16)
 
 # Test processes `make test` and `make test-fast` run side by side (pytest-xdist): measured on the
 # 2-core machine, where most live tests wait on their servers (docs/running.md).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 # Side by side, tests sharing a module's servers stay together (tests/conftest.py groups them).
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 # The tests that measure time, two at a time: they mostly wait on their schedules (about 0.6 of
 # a core each), and their tightest bounds held beside a process spinning on a whole core; three
 # at a time broke the balancing tests' bounds (docs/running.md).
 SERIAL_XDIST := -n 2 --dist loadgroup
+# Beside them, at the lowest priority, the unit tests take the CPU the serial tests leave: two
+# more workers, named after the serial pass's two so that neither shares a database, a Redis
+# database, a data dir or a port block with the other (tests/support/workers.py).
+UNIT_XDIST := --tx popen//id=gw2 --tx popen//id=gw3 --dist loadgroup
 
 .PHONY: run check test test-fast screenshots bench lock llama
 
@@ -65,16 +69,25 @@ check: $(VENV)/.installed-dev
 	$(PY) -m mypy --cache-dir $(MYPY_CACHE)
 	$(PY) manage.py nexus_check
 
-## `make check`, then the whole test suite (the real-model tests included: `llama` marker): side
-## by side, then two at a time the few tests that measure time and cannot share the CPU with the
-## rest (`serial`). Each pass ends with its slowest tests: where the suite's time goes. The page
-## tests check each page's width but take no screenshot (`make screenshots` does).
+## `make check`, then the whole test suite (the real-model tests included: `llama` marker): the
+## tests that start processes or a browser side by side, then two at a time the few that measure
+## time and cannot share the CPU with the rest (`serial`), with the unit tests beside them at the
+## lowest priority (their output follows). Each pass ends with its slowest tests: where the
+## suite's time goes. The page tests check each page's width but take no screenshot (`make
+## screenshots` does).
 test: export PYTHONDONTWRITEBYTECODE :=
 test: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
 test: export NEXUS_SCREENSHOTS := 0
 test: check $(VENV)/.installed-llama
-	$(PY) -m pytest $(XDIST) --durations=30 -m "not serial"
-	$(PY) -m pytest $(SERIAL_XDIST) --durations=10 -m serial
+	$(PY) -m pytest $(XDIST) --durations=30 -m "not unit and not serial"
+	@unit_log=$$(mktemp); \
+	nice -n 19 $(PY) -m pytest $(UNIT_XDIST) --durations=10 -m "unit and not serial" \
+		>"$$unit_log" 2>&1 & unit=$$!; \
+	status=0; \
+	$(PY) -m pytest $(SERIAL_XDIST) --durations=10 -m serial || status=$$?; \
+	wait $$unit || status=$$((status ? status : $$?)); \
+	echo "== the unit tests, run beside the serial tests"; cat "$$unit_log"; rm -f "$$unit_log"; \
+	exit $$status
 
 ## The unit tests only (no process, no network), side by side: the loop while you work. The
 ## few that measure time (`serial`) wait for `make test`; property tests try a fifth of their
