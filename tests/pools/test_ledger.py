@@ -80,16 +80,18 @@ async def test_200_holders_cycling_at_once_never_exceed_capacity(ledger: LoadLed
     most = 0
     served = 0
 
+    # Each lease is held 10-30 ms, longer than a Redis round trip on a loaded machine: with holds
+    # of 0-3 ms, a CI run's releases took longer than the holds, and no moment saw all four held.
     async def client() -> None:
         nonlocal holding, most, served
         for _ in range(5):
             lease = await ledger.try_acquire(TARGET, capacity)
             if lease is None:
-                await asyncio.sleep(random.uniform(0, 0.002))
+                await asyncio.sleep(random.uniform(0, 0.02))
                 continue
             holding += 1
             most = max(most, holding)
-            await asyncio.sleep(random.uniform(0, 0.003))
+            await asyncio.sleep(random.uniform(0.01, 0.03))
             holding -= 1
             served += 1
             await ledger.release(lease)
