@@ -216,8 +216,6 @@ def test_a_pool_mixing_llama_cpp_and_the_simulator_balances_between_them(stack: 
 
     wait_until(lambda: {"smollm2", "sim-smol"} <= inventory(), timeout_s=20)
     # And a pool of Equivalent generation over both: different models, answers alike in kind
-    # (the token first: the pool's configuration change brings both to the gateway)
-    _, secret = ApiToken.issue("mixed client", pools=["mixed-smol"])
     created = stack.owner.post(
         "/api/v1/pools/",
         {
@@ -237,6 +235,9 @@ def test_a_pool_mixing_llama_cpp_and_the_simulator_balances_between_them(stack: 
             format="json",
         )  # fmt: skip
         assert target.status_code == 201, target.content
+    # (the token last: a gateway snapshot that knows it was read after both targets were saved;
+    # with the token first, a snapshot read between the two targets once served llama alone)
+    _, secret = ApiToken.issue("mixed client", pools=["mixed-smol"])
     client = OpenAI(base_url=f"{stack.nexus.url}/v1", api_key=secret, max_retries=0, timeout=60)
 
     def ask() -> tuple[str, str]:
