@@ -38,18 +38,20 @@ MYPY_CACHE := $(MYPY_CACHES)/$(shell sha256sum pyproject.toml | cut -c1-16)
 # Test processes `make test` and `make test-fast` run side by side (pytest-xdist): measured on the
 # 2-core machine, where most live tests wait on their servers (docs/running.md).
 TEST_WORKERS ?= 4
-# Side by side, tests sharing a module's servers stay together (tests/conftest.py groups them).
-XDIST := -n $(TEST_WORKERS) --dist loadgroup
+# Side by side, tests sharing a module's servers stay together (tests/conftest.py groups them),
+# handed out in the order collected: the longest modules first (tests/support/durations.py).
+ORDER := --dist loadgroup --no-loadscope-reorder
+XDIST := -n $(TEST_WORKERS) $(ORDER)
 # The tests that measure time, two at a time: they mostly wait on their schedules (about 0.6 of
 # a core each), and their tightest bounds held beside a process spinning on a whole core; three
 # at a time broke the balancing tests' bounds (docs/running.md).
-SERIAL_XDIST := -n 2 --dist loadgroup
+SERIAL_XDIST := -n 2 $(ORDER)
 # Beside them, at the lowest priority, the unit tests take the CPU the serial tests leave: two
 # more workers, named after the serial pass's two so that neither shares a database, a Redis
 # database, a data dir or a port block with the other (tests/support/workers.py).
-UNIT_XDIST := --tx popen//id=gw2 --tx popen//id=gw3 --dist loadgroup
+UNIT_XDIST := --tx popen//id=gw2 --tx popen//id=gw3 $(ORDER)
 
-.PHONY: run check test test-fast screenshots bench lock llama
+.PHONY: run check test test-fast test-durations screenshots bench lock llama
 
 ## Install, migrate, seed the demo on the first run, and run every process until Ctrl-C.
 run: $(VENV)/.installed
@@ -88,6 +90,17 @@ test: check $(VENV)/.installed-llama
 	wait $$unit || status=$$((status ? status : $$?)); \
 	echo "== the unit tests, run beside the serial tests"; cat "$$unit_log"; rm -f "$$unit_log"; \
 	exit $$status
+
+## Run `make test`'s three passes one after the other and write what each module took into
+## tests/durations.json, which orders the runs (longest first): after adding or reshaping tests.
+test-durations: export PYTHONDONTWRITEBYTECODE :=
+test-durations: export NEXUS_DATA_DIR := $(TEST_DATA_DIR)
+test-durations: export NEXUS_SCREENSHOTS := 0
+test-durations: $(VENV)/.installed-dev $(VENV)/.installed-llama
+	rm -f tests/durations.json
+	$(PY) -m pytest $(XDIST) --record-durations -m "not unit and not serial"
+	$(PY) -m pytest $(SERIAL_XDIST) --record-durations -m serial
+	$(PY) -m pytest $(UNIT_XDIST) --record-durations -m "unit and not serial"
 
 ## The unit tests only (no process, no network), side by side: the loop while you work. The
 ## few that measure time (`serial`) wait for `make test`; property tests try a fifth of their

@@ -22,6 +22,7 @@ from nexus import embedded_redis
 from nexus.env import bundled_redis_socket
 from nexus.models import Project, Role, default_project_pk
 from tests.nexus.factories import make_user
+from tests.support import durations
 from tests.support.personas import add_member, signed_in
 from tests.support.tiers import TIERS, Classifier, UnitGuard, strongest, tier_from_path
 
@@ -35,8 +36,18 @@ TIMEOUT_S = {"live": 180, "e2e": 180, "system": 900}
 _unit_guard: UnitGuard | None = None
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help="write each module's seconds into tests/durations.json (`make test-durations`)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _bundled_redis, _unit_guard
+    if config.getoption("record_durations"):
+        config.pluginmanager.register(durations.Recorder(durations.DURATIONS_PATH))
     # xdist's controller runs no test: each worker starts its own bundled Redis.
     runs_tests = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", 0)
     if settings.NEXUS_BUNDLED_REDIS and runs_tests:
@@ -60,7 +71,8 @@ def _shared_services() -> list[tuple[str, int]]:
 # reads the `xdist_group` markers given here into the node ids it schedules by.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test its tier (unless it names one) and its tier's time limit."""
+    """Give every test its tier (unless it names one) and its tier's time limit; order the
+    modules longest first (tests/support/durations.py)."""
     classifier = Classifier()
     untiered = []
     for item in items:
@@ -86,6 +98,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.path.relative_to(TESTS_ROOT).as_posix()))
     if untiered:
         raise pytest.UsageError("Tests without exactly one tier:\n" + "\n".join(untiered))
+    durations.longest_modules_first(items, durations.read())
 
 
 def _derived_tier(classifier: Classifier, item: pytest.Item) -> str:
