@@ -16,15 +16,15 @@ pytestmark = pytest.mark.unit
 
 
 def items(*nodeids: str) -> list[pytest.Item]:
-    return [cast(pytest.Item, SimpleNamespace(nodeid=nodeid)) for nodeid in nodeids]
+    return [cast("pytest.Item", SimpleNamespace(nodeid=nodeid)) for nodeid in nodeids]
 
 
 def report(nodeid: str, duration: float) -> pytest.TestReport:
-    return cast(pytest.TestReport, SimpleNamespace(nodeid=nodeid, duration=duration))
+    return cast("pytest.TestReport", SimpleNamespace(nodeid=nodeid, duration=duration))
 
 
 def session(**config: Any) -> pytest.Session:
-    return cast(pytest.Session, SimpleNamespace(config=SimpleNamespace(**config)))
+    return cast("pytest.Session", SimpleNamespace(config=SimpleNamespace(**config)))
 
 
 def test_the_longest_modules_go_first_each_keeping_its_tests_in_order() -> None:
@@ -62,7 +62,11 @@ def test_the_recorder_adds_each_modules_seconds_to_the_file(tmp_path: Path) -> N
 
     recorder.pytest_sessionfinish(session())
 
-    assert json.loads(path.read_text()) == {"tests/b.py": 7.0, "tests/old.py": 4.0, "tests/a.py": 1.8}
+    assert json.loads(path.read_text()) == {
+        "tests/b.py": 7.0,
+        "tests/old.py": 4.0,
+        "tests/a.py": 1.8,
+    }
     assert list(durations.read(path)) == ["tests/b.py", "tests/old.py", "tests/a.py"]
 
 
