@@ -630,17 +630,34 @@ def test_draining_a_target_under_load_fails_no_request_and_it_ends_drained(world
     # Given 40 streams arriving every 80 ms (about 5 in flight), when target b is drained after
     # the 12th:
     futures: list[Future[Answer]] = []
+
+    def submit(index: int, started: threading.Event | None = None) -> None:
+        futures.append(
+            executor.submit(
+                world.chat,
+                "drain",
+                content=f"request {index}",
+                max_tokens=15,
+                stream=True,
+                started=started,
+            )
+        )
+
     with ThreadPoolExecutor(max_workers=16) as executor:
         for index in range(40):
             if index == 12:
+                # Two sent together and both streaming (300 ms each): round robin gave b one of
+                # them, so b is serving as the drain begins. Drained after the 80 ms sleeps
+                # alone, a run where this thread slept long found b's earlier streams all ended.
+                both_started = [threading.Event(), threading.Event()]
+                submit(12, both_started[0])
+                submit(13, both_started[1])
+                assert all(event.wait(timeout=10) for event in both_started)
                 with world.blocker.unblock():
                     services.drain_target(Target.objects.get(pk=world.target_id("drain", "b")))
                 drained_at = time.monotonic()
-            futures.append(
-                executor.submit(
-                    world.chat, "drain", content=f"request {index}", max_tokens=15, stream=True
-                )
-            )
+            elif index != 13:
+                submit(index)
             time.sleep(0.08)
         answers = [future.result() for future in futures]
     drained = wait_until(
