@@ -198,6 +198,12 @@ class Load:
             thread.join(timeout=30)
         self.stopped = time.time()
 
+    def _at(self) -> str:
+        """When a failure came, for its message: seconds into the load and the clock time, to
+        set beside the scaling events and the servers' logs."""
+        now = time.time()
+        return f"+{now - self.started:.2f} s ({time.strftime('%H:%M:%S', time.localtime(now))})"
+
     def _run(self) -> None:
         body = {
             "model": self.model,
@@ -212,9 +218,9 @@ class Load:
                     with client.stream("POST", self.url, json=body) as response:
                         text = response.read().decode(errors="replace")
                     if response.status_code != 200 or "[DONE]" not in text:
-                        self.failures.append(f"{response.status_code} {text[:200]}")
+                        self.failures.append(f"{self._at()} {response.status_code} {text[:200]}")
                 except httpx.HTTPError as error:
-                    self.failures.append(f"{type(error).__name__}: {error}")
+                    self.failures.append(f"{self._at()} {type(error).__name__}: {error}")
                 self.sent += 1
 
 
@@ -321,7 +327,7 @@ def test_a_waiting_requests_rule_scales_out_under_load_and_back_in_after_it(worl
     assert out_cycles <= 2 + SLACK_CYCLES, world.why(name)
     # Back in once the window holds (nearly) only idle samples and the cooldown is over.
     assert in_cycles <= (WINDOW_S + COOLDOWN_S) / INTERVAL_S + SLACK_CYCLES, world.why(name)
-    assert load.failures == [], load.failures[:5]
+    assert load.failures == [], (len(load.failures), load.failures[:3], load.failures[-2:])
     assert load.sent > CLIENTS
     scalings = [e for e in world.events(name) if e["outcome"] in ("scaled_out", "scaled_in")]
     assert [(e["outcome"], e["replicas_before"], e["replicas_after"]) for e in scalings] == [
@@ -387,7 +393,7 @@ def test_a_prometheus_rule_against_a_real_server_scales_the_service(
     assert len(scaled) == 1, world.why(name)
     assert scaled[0]["metric_source"] == "prometheus"
     assert scaled[0]["value"] > 2 and scaled[0]["series"] >= 1, scaled
-    assert load.failures == [], load.failures[:5]
+    assert load.failures == [], (len(load.failures), load.failures[:3], load.failures[-2:])
 
 
 def test_kernel_metrics_of_each_replica_come_from_its_agent(world: World) -> None:
